@@ -1,0 +1,5 @@
+//go:build !invariants
+
+package invariants
+
+const tagEnabled = false
