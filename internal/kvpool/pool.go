@@ -259,7 +259,9 @@ func (p *Pool) Alloc(room RoomID, n int, dst []int32) ([]int32, error) {
 // Free returns allocated pages of room to the free list. Freeing a page in
 // another state, or one allocated to another room, is a programmer error
 // and panics.
-func (p *Pool) Free(room RoomID, pages []int32) { p.transition(room, pages, Free, Allocated, Allocated) }
+func (p *Pool) Free(room RoomID, pages []int32) {
+	p.transition(room, pages, Free, Allocated, Allocated)
+}
 
 // Defer moves allocated pages of room to deferred release.
 func (p *Pool) Defer(room RoomID, pages []int32) {
