@@ -5,6 +5,10 @@ import (
 	"math"
 )
 
+// The dot products are marked go:norace: they only read, and race builds
+// would otherwise spend nine tenths of every model test instrumenting their
+// loads. Their callers' writes (the outputs) stay instrumented.
+//
 // The dot products below all follow one reduction order, fixed by the row
 // length: element i goes to lane i mod 4 (a tail shorter than 4 goes to lane
 // 0, in order), and the lanes are combined as (a0+a1)+(a2+a3). Quantized
@@ -13,6 +17,8 @@ import (
 // float32 explicitly so that no build fuses it into an FMA.
 
 // DotF32 returns the dot product of x and w[:len(x)].
+//
+//go:norace
 func DotF32(x, w []float32) float32 {
 	w = w[:len(x)]
 	var a0, a1, a2, a3 float32
@@ -31,6 +37,8 @@ func DotF32(x, w []float32) float32 {
 
 // DotF32Bytes returns the dot product of x with a row of little-endian
 // float32s.
+//
+//go:norace
 func DotF32Bytes(x []float32, w []byte) float32 {
 	w = w[:4*len(x)]
 	var a0, a1, a2, a3 float32
@@ -48,6 +56,8 @@ func DotF32Bytes(x []float32, w []byte) float32 {
 }
 
 // DotF16 returns the dot product of x with a row of IEEE halves.
+//
+//go:norace
 func DotF16(x []float32, w []byte) float32 {
 	w = w[:2*len(x)]
 	t := halfTable
@@ -86,6 +96,8 @@ func halvesToFloats(dst []float32, src []byte) {
 }
 
 // DotBF16 returns the dot product of x with a row of bfloat16s.
+//
+//go:norace
 func DotBF16(x []float32, w []byte) float32 {
 	w = w[:2*len(x)]
 	var a0, a1, a2, a3 float32
@@ -104,6 +116,8 @@ func DotBF16(x []float32, w []byte) float32 {
 
 // DotQ8_0 returns the dot product of x (a multiple of 32 long) with a row of
 // Q8_0 blocks.
+//
+//go:norace
 func DotQ8_0(x []float32, w []byte) float32 {
 	nb := len(x) / 32
 	w = w[:nb*34]
@@ -129,6 +143,8 @@ func DotQ8_0(x []float32, w []byte) float32 {
 // DotQ4_0 returns the dot product of x (a multiple of 32 long) with a row of
 // Q4_0 blocks. Element j < 16 of a block is the low nibble of byte j,
 // element j+16 its high nibble.
+//
+//go:norace
 func DotQ4_0(x []float32, w []byte) float32 {
 	nb := len(x) / 32
 	w = w[:nb*18]
