@@ -134,12 +134,13 @@ func checkFinite(x []float32) error {
 // quantizeQ8_0 encodes 32 values as an F16 scale d = max|x|/127 and 32
 // int8 quants round(x/d) (ties away from zero).
 func quantizeQ8_0(x []float32, out []byte) error {
-	if err := checkFinite(x); err != nil {
-		return err
-	}
 	var amax float32
-	for _, v := range x {
-		amax = max(amax, float32(math.Abs(float64(v))))
+	for i, v := range x {
+		a := math.Float32frombits(math.Float32bits(v) &^ (1 << 31))
+		if !(a <= math.MaxFloat32) { // NaN or Inf
+			return fmt.Errorf("element %d is not finite", i)
+		}
+		amax = max(amax, a)
 	}
 	d := amax / 127
 	var id float32

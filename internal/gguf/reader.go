@@ -164,17 +164,23 @@ func (p *parser) count(what string, minSize int, limit uint64) (int, error) {
 }
 
 func (p *parser) str(what string) (string, error) {
+	s, err := p.strBytes(what)
+	return string(s), err
+}
+
+// strBytes reads a length-prefixed string without copying it.
+func (p *parser) strBytes(what string) ([]byte, error) {
 	at := p.off
-	n, err := p.u64(what + " length")
-	if err != nil {
-		return "", err
+	if p.left() < 8 {
+		return nil, p.fail("truncated: %s length needs 8 bytes, %d left", what, p.left())
 	}
+	n := binary.LittleEndian.Uint64(p.b[p.off:])
+	p.off += 8
 	if left := p.left(); n > uint64(left) {
 		p.off = at
-		return "", p.fail("%s length %d exceeds the %d bytes left", what, n, left)
+		return nil, p.fail("%s length %d exceeds the %d bytes left", what, n, left)
 	}
-	s, _ := p.take(int(n), what)
-	return string(s), nil
+	return p.take(int(n), what)
 }
 
 func (p *parser) value(vt uint32, depth int) (any, error) {
@@ -326,13 +332,21 @@ func (p *parser) array(depth int) (any, error) {
 		}
 		return out, nil
 	case vtString:
-		out := make([]string, n)
-		for i := range out {
-			s, err := p.str("array element")
-			if err != nil {
+		// One copy of the whole array region; the elements are substrings
+		// of it, so a 150k-token vocabulary costs two allocations, not 150k.
+		start := p.off
+		for range n {
+			if _, err := p.strBytes("array element"); err != nil {
 				return nil, err
 			}
-			out[i] = s
+		}
+		blob := string(p.b[start:p.off])
+		out := make([]string, n)
+		at := 0
+		for i := range out {
+			l := int(binary.LittleEndian.Uint64(p.b[start+at:]))
+			out[i] = blob[at+8 : at+8+l]
+			at += 8 + l
 		}
 		return out, nil
 	default: // vtArray

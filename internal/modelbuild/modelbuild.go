@@ -1,7 +1,6 @@
 package modelbuild
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -311,7 +310,6 @@ type gen struct {
 const slabElems = 1 << 20
 
 func (g gen) write(out io.Writer) error {
-	bw := bufio.NewWriterSize(out, 1<<20)
 	rows := max(1, slabElems/g.in)
 	buf := make([]float32, rows*g.in)
 	rng := splitmix{state: g.seed}
@@ -324,11 +322,11 @@ func (g gen) write(out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if _, err := bw.Write(data); err != nil {
+		if _, err := out.Write(data); err != nil {
 			return err
 		}
 	}
-	return bw.Flush()
+	return nil
 }
 
 // tensorSeed derives a tensor's stream from the model seed and the tensor
