@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -445,3 +446,42 @@ func BenchmarkBuildQwen3(b *testing.B) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func TestCached(t *testing.T) {
+	dir := t.TempDir()
+	o := tinyOptions("llama", gguf.TypeF16)
+	p1, err := Cached(o, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st1, err := os.Stat(p1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := Cached(o, dir)
+	if err != nil || p2 != p1 {
+		t.Fatalf("second Cached = %q, %v; want %q", p2, err, p1)
+	}
+	if st2, _ := os.Stat(p2); !st2.ModTime().Equal(st1.ModTime()) {
+		t.Error("the cached file was rebuilt")
+	}
+	for _, edit := range []func(*Options){
+		func(o *Options) { o.Seed++ },
+		func(o *Options) { o.Type = gguf.TypeQ8_0 },
+		func(o *Options) { o.Tokenizer.Tokens = append([]string{"x"}, o.Tokenizer.Tokens[1:]...) },
+	} {
+		o2 := tinyOptions("llama", gguf.TypeF16)
+		edit(&o2)
+		p3, err := Cached(o2, dir)
+		if err != nil || p3 == p1 {
+			t.Errorf("changed options gave %q, %v", p3, err)
+		}
+	}
+	data, err := os.ReadFile(p1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(data, build(t, o)) {
+		t.Error("the cached file differs from Build's output")
+	}
+}
