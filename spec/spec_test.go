@@ -3,7 +3,6 @@ package spec
 import (
 	"bytes"
 	"context"
-	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,8 +11,6 @@ import (
 	"testing"
 	"time"
 )
-
-var deep = flag.Bool("spec.deep", false, "also verify the safe model with three rooms (about a minute and 2.5 GB)")
 
 // config is one spin run of transfer.pml.
 type config struct {
@@ -101,9 +98,6 @@ func TestModel(t *testing.T) {
 			d = append(d, p.cfg)
 		}
 		configs = append(configs, config{name: "reach_" + p.n + "_" + strings.ReplaceAll(p.what, " ", "_"), defines: d, violated: "reachability probe"})
-	}
-	if *deep {
-		configs = append(configs, config{name: "SAFE_3_ROOMS", defines: []string{"-DNROOMS=3"}})
 	}
 
 	for _, c := range configs {

@@ -130,9 +130,9 @@ mtype = { Open, Prefill, Grant, Reject, Write, Done, Abort, Drained, PeerEpoch, 
 #define K_MISMATCH  7
 
 /* Channels. Rooms are 1..NROOMS; 0 is "no room". */
-chan r2d  = [2 * NROOMS] of { mtype, byte, byte };                /* Open(r, pages) | Abort(r, _) */
-chan r2p  = [2 * NROOMS] of { mtype, byte, byte };                /* Prefill(r, pages) | Abort(r, _) */
-chan d2p  = [NROOMS] of { mtype, byte, byte, byte, byte, byte, byte, byte }; /* Grant(r, count, p0, e0, p1, e1, conn epoch) */
+chan r2d  = [2 * NROOMS] of { mtype, byte, byte, bool };          /* Open(r, pages, too long) | Abort(r, _, _) */
+chan r2p  = [2 * NROOMS] of { mtype, byte, byte, bool };          /* Prefill(r, pages, too long) | Abort(r, _, _) */
+chan d2p  = [2 * NROOMS] of { mtype, byte, byte, byte, byte, byte, byte, byte }; /* Grant(r, count, p0, e0, p1, e1, conn epoch) | Reject(r, kind, ...) */
 chan p2d  = [3 * NROOMS + 1] of { mtype, byte, byte };            /* Reject(r, kind) | Done(r, pages) | Drained(r, _) | PeerEpoch(_, epoch) */
 chan rtr  = [2 * NROOMS] of { mtype, byte, byte };                /* Result(r, kind) to the router */
 chan wire = [NROOMS * MAXNEED] of { mtype, byte, byte, byte, byte }; /* Write(r, page, epoch, conn epoch) */
@@ -288,7 +288,10 @@ inline admit() {
 		:: dneed[t_r] > 1 -> g1 = dpg[t_r * MAXNEED + 1]; e1 = pep[g1]
 		:: else -> g1 = 0; e1 = 0
 		fi;
-		d2p!Grant(t_r, dneed[t_r], g0, e0, g1, e1, dcep);
+		if
+		:: cepoch == dcep -> d2p!Grant(t_r, dneed[t_r], g0, e0, g1, e1, dcep)
+		:: else -> skip   /* sent on a dead connection: lost */
+		fi;
 		t_r++
 	:: t_r <= NROOMS && dstate[t_r] == D_QUEUED && nfree < dneed[t_r] -> break  /* FIFO: head waits */
 	:: t_r > NROOMS -> break
@@ -429,13 +432,21 @@ inline d_peer_epoch(e) {
 active proctype DecodeWorker() {
 end:
 	do
-	:: atomic { r2d?Open(t_r, t_n) ->
+	:: atomic { r2d?Open(t_r, t_n, t_k) ->
 		if
-		:: dstate[t_r] == D_NONE -> dstate[t_r] = D_QUEUED; dneed[t_r] = t_n
-		:: else -> skip   /* P already rejected it */
+		:: dstate[t_r] != D_NONE -> skip   /* P already rejected it */
+		:: dstate[t_r] == D_NONE && t_k && ADMISSION ->
+			/* Admission before reservation: reject with the original
+			 * error, reserve nothing, tell P. */
+			result(t_r, K_TOOLONG); finish(t_r);
+			if
+			:: cepoch == dcep -> d2p!Reject(t_r, K_TOOLONG, 0, 0, 0, 0, dcep)
+			:: else -> skip   /* sent on a dead connection: lost */
+			fi
+		:: dstate[t_r] == D_NONE && !(t_k && ADMISSION) -> dstate[t_r] = D_QUEUED; dneed[t_r] = t_n
 		fi;
 		admit(); check_acct() }
-	:: atomic { r2d?Abort(t_r, t_n) -> d_abort(t_r); admit(); check_acct() }
+	:: atomic { r2d?Abort(t_r, t_n, t_k) -> d_abort(t_r); admit(); check_acct() }
 	:: atomic { p2d?Reject(t_r, t_k) -> d_quiet(t_r); admit(); check_acct() }
 	:: atomic { p2d?Drained(t_r, t_n) -> d_quiet(t_r); admit(); check_acct() }
 	:: atomic { p2d?Done(t_r, t_n) ->
@@ -496,22 +507,33 @@ inline p_agree(r) {
 active proctype PrefillWorker() {
 end:
 	do
-	:: atomic { r2p?Prefill(t_r, t_n) ->
+	:: atomic { r2p?Prefill(t_r, t_n, t_k) ->
 		if
 		:: ptomb[t_r] -> skip
-		:: else ->
+		:: !ptomb[t_r] && t_k && ADMISSION -> p_reject(t_r, K_TOOLONG)
+		:: !ptomb[t_r] && t_k && !ADMISSION ->
+			/* "rejected but alive": a one-token placeholder flows on */
+			phave[t_r] = 1; pn[t_r] = 1; p_agree(t_r)
+		:: !ptomb[t_r] && !t_k ->
 			if
 			:: nprej < MAXPREJECT -> nprej++; p_reject(t_r, K_OVERLOAD)   /* e.g. own pool full */
 			:: true -> phave[t_r] = 1; pn[t_r] = t_n; p_agree(t_r)
 			fi
 		fi;
-		t_r = 0; t_n = 0 }
-	:: atomic { r2p?Abort(t_r, t_n) ->
+		t_r = 0; t_n = 0; t_k = 0 }
+	:: atomic { d2p?Reject(t_r, t_k, g0, e0, g1, e1, t_c) ->
+		/* D refused the room before reserving anything. */
+#if TOMBSTONE
+		ptomb[t_r] = 1;
+#endif
+		p_clear(t_r);
+		t_r = 0; t_k = 0; t_c = 0; g0 = 0; e0 = 0; g1 = 0; e1 = 0 }
+	:: atomic { r2p?Abort(t_r, t_n, t_k) ->
 #if TOMBSTONE
 		ptomb[t_r] = 1; p_clear(t_r);
 #endif
 		powe[t_r] = 1;
-		t_r = 0; t_n = 0 }
+		t_r = 0; t_n = 0; t_k = 0 }
 	:: atomic { d2p?Grant(t_r, t_n, g0, e0, g1, e1, t_c) ->
 		if
 		:: t_c != cepoch || ptomb[t_r] -> PROBE(6)   /* stale connection, or tombstoned */
@@ -544,6 +566,8 @@ end:
 		od;
 		do :: p2d?_, _, _ :: empty(p2d) -> break od;
 		do :: d2p?_, _, _, _, _, _, _, _ :: empty(d2p) -> break od;
+		/* (D's messages sent before it learns the new epoch are lost
+		 * too: D sends only while cepoch == dcep.) */
 		p2d!PeerEpoch(0, cepoch);
 		t_r = 0 }
 	od
@@ -575,9 +599,9 @@ end:
 /* ---------------- router ---------------- */
 
 #define RABORT(R) :: atomic { nopen > R && !aborted[R] && outcome[R] == K_NONE && nab < MAXABORT -> \
-	nab++; aborted[R] = 1; outcome[R] = K_ABORTED; r2d!Abort(R, 0); r2p!Abort(R, 0) }
+	nab++; aborted[R] = 1; outcome[R] = K_ABORTED; r2d!Abort(R, 0, 0); r2p!Abort(R, 0, 0) }
 
-#define RESTING(R) (dstate[R] == D_DONE || outcome[R] == K_TOOLONG)
+#define RESTING(R) (dstate[R] == D_DONE)
 #if NROOMS > 2
 #define ALLRESTING (RESTING(1) && RESTING(2) && RESTING(3))
 #else
@@ -596,14 +620,7 @@ end:
 		:: t_r == 2 -> too_long[2] = 1
 		:: true -> skip
 		fi;
-		if
-		:: too_long[t_r] && ADMISSION -> outcome[t_r] = K_TOOLONG   /* no room, no pages */
-		:: too_long[t_r] && !ADMISSION ->
-			/* placeholder admission: D reserves the whole prompt, P
-			 * gets a one-token placeholder. */
-			r2d!Open(t_r, t_n); r2p!Prefill(t_r, 1)
-		:: else -> r2d!Open(t_r, t_n); r2p!Prefill(t_r, t_n)
-		fi;
+		r2d!Open(t_r, t_n, too_long[t_r]); r2p!Prefill(t_r, t_n, too_long[t_r]);
 		t_r = 0; t_n = 0 }
 	RABORT(1)
 	RABORT(2)
