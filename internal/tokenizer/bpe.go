@@ -131,10 +131,16 @@ func (t *Tokenizer) bpeWord(out []int32, word string, sc *scratch) []int32 {
 	if len(word) == 0 {
 		return out
 	}
-	if t.ignMerg || len(word) == 1 {
+	if len(word) == 1 {
+		return append(out, t.byteTok[word[0]])
+	}
+	if t.ignMerg {
 		if id, ok := t.vocab[word]; ok {
 			return append(out, id)
 		}
+	}
+	if len(word) <= smallWord {
+		return t.bpeSmall(out, word)
 	}
 	sym := sc.sym[:0]
 	for i := 0; i < len(word); i++ {
@@ -177,6 +183,56 @@ func (t *Tokenizer) bpeWord(out []int32, word string, sc *scratch) []int32 {
 	}
 	sc.sym, sc.heap = sym, h
 	return out
+}
+
+// smallWord is the pre-token length up to which bpeSmall's quadratic scan
+// beats the heap (most words are short).
+const smallWord = 32
+
+// bpeSmall is bpeWord for short words: arrays on the stack, a linear scan
+// for the lowest-ranked (then leftmost) pair.
+func (t *Tokenizer) bpeSmall(out []int32, word string) []int32 {
+	const none = int32(1<<31 - 1)
+	var ids, ranks, merged [smallWord]int32
+	n := len(word)
+	for i := range n {
+		ids[i] = t.byteTok[word[i]]
+	}
+	rank := func(i int) {
+		if m, ok := t.merges[pairKey(ids[i], ids[i+1])]; ok {
+			ranks[i], merged[i] = m.rank, m.id
+		} else {
+			ranks[i] = none
+		}
+	}
+	for i := range n - 1 {
+		rank(i)
+	}
+	for n > 1 {
+		best := 0
+		for i := 1; i < n-1; i++ {
+			if ranks[i] < ranks[best] {
+				best = i
+			}
+		}
+		if ranks[best] == none {
+			break
+		}
+		ids[best] = merged[best]
+		copy(ids[best+1:n], ids[best+2:n])
+		if best+2 < n {
+			copy(ranks[best+1:], ranks[best+2:n-1])
+			copy(merged[best+1:], merged[best+2:n-1])
+		}
+		n--
+		if best > 0 {
+			rank(best - 1)
+		}
+		if best < n-1 {
+			rank(best)
+		}
+	}
+	return append(out, ids[:n]...)
 }
 
 // encodeSPM tokenizes a fragment the SentencePiece way: spaces become "▁"

@@ -76,6 +76,7 @@ func FromHFJSON(tokenizerJSON, tokenizerConfigJSON []byte) (Config, error) {
 		}
 	case hf.Model.ByteFallback || strings.Contains(string(hf.Normalizer), "▁") || strings.Contains(pre, "Metaspace"):
 		c.Model = ModelLlama
+		c.Pre = PreDefault
 		c.AddSpacePrefix = strings.Contains(string(hf.Normalizer), `"Prepend"`) ||
 			strings.Contains(pre, `"prepend_scheme":"always"`) || strings.Contains(pre, `"add_prefix_space":true`)
 	default:
@@ -89,8 +90,10 @@ func FromHFJSON(tokenizerJSON, tokenizerConfigJSON []byte) (Config, error) {
 	for _, a := range hf.AddedTokens {
 		n = max(n, a.ID+1)
 	}
-	if n <= 0 || n > 1<<24 {
-		return Config{}, fmt.Errorf("%w: vocabulary of %d tokens", ErrBadConfig, n)
+	// Ids are dense in real vocabularies; bound the holes so that a hostile
+	// file cannot make us allocate for ids it does not define.
+	if n <= 0 || int(n) > len(hf.Model.Vocab)+len(hf.AddedTokens)+1<<16 {
+		return Config{}, fmt.Errorf("%w: token ids up to %d for %d tokens", ErrBadConfig, n, len(hf.Model.Vocab)+len(hf.AddedTokens))
 	}
 	c.Tokens = make([]string, n)
 	c.Types = make([]int32, n)

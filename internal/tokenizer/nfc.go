@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"sort"
-	"strings"
 	"unicode/utf8"
 )
 
@@ -83,51 +82,80 @@ func composePair(a, b rune) (rune, bool) {
 
 // nfc returns s in Normalization Form C. Invalid UTF-8 bytes are kept as
 // they are (they are not characters and take no part in composition).
+//
+// Only the neighbourhood of runes NFC may change is normalized: a stable
+// rune (a starter with no decomposition that combines with nothing before
+// it) bounds what composition and reordering can reach, so the segment
+// from the stable rune before an unstable run to the stable rune after it
+// is normalized and the rest is copied.
 func nfc(s string) string {
-	stable := true
+	var out []byte
+	last := 0       // s[:last] has been handled
+	prevStart := -1 // start of the last stable rune seen at or after last
 	for i := 0; i < len(s); {
 		c := s[i]
-		if c < 0xCC { // every rune below U+0300 is stable
+		if c < 0xCC { // ASCII, continuation bytes and leads of runes below U+0300: all stable
+			if c < 0x80 || c >= 0xC0 {
+				prevStart = i
+			}
 			i++
 			continue
 		}
 		r, w := utf8.DecodeRuneInString(s[i:])
-		if r != utf8.RuneError && nfcIsUnstable(r) {
-			stable = false
-			break
+		if r == utf8.RuneError && w == 1 || !nfcIsUnstable(r) {
+			prevStart = i
+			i += w
+			continue
 		}
-		i += w
+		start := i
+		if prevStart >= last {
+			start = prevStart
+		}
+		j := i + w
+		for j < len(s) {
+			r, w := utf8.DecodeRuneInString(s[j:])
+			if r == utf8.RuneError && w == 1 || !nfcIsUnstable(r) {
+				break
+			}
+			j += w
+		}
+		if out == nil {
+			out = make([]byte, 0, len(s)+8)
+		}
+		out = append(out, s[last:start]...)
+		out = nfcSegment(out, s[start:j])
+		last, i, prevStart = j, j, -1
 	}
-	if stable {
+	if out == nil {
 		return s
 	}
-	// Work segment by segment between invalid bytes, which pass through.
-	var b strings.Builder
-	b.Grow(len(s))
+	return string(append(out, s[last:]...))
+}
+
+// nfcSegment appends the NFC form of seg: full canonical decomposition,
+// canonical ordering, canonical composition.
+// Invalid bytes (the segment may hold stray continuation bytes) are
+// barriers copied as they are.
+func nfcSegment(out []byte, seg string) []byte {
 	var buf []rune
-	start := 0
-	flush := func(end int) {
+	flush := func() {
+		for _, r := range compose(canonicalOrder(buf)) {
+			out = utf8.AppendRune(out, r)
+		}
 		buf = buf[:0]
-		for _, r := range s[start:end] {
-			buf = decomposeRune(buf, r)
-		}
-		buf = canonicalOrder(buf)
-		buf = compose(buf)
-		for _, r := range buf {
-			b.WriteRune(r)
-		}
 	}
-	for i := 0; i < len(s); {
-		r, w := utf8.DecodeRuneInString(s[i:])
+	for i := 0; i < len(seg); {
+		r, w := utf8.DecodeRuneInString(seg[i:])
 		if r == utf8.RuneError && w == 1 {
-			flush(i)
-			b.WriteByte(s[i])
-			start = i + 1
+			flush()
+			out = append(out, seg[i])
+		} else {
+			buf = decomposeRune(buf, r)
 		}
 		i += w
 	}
-	flush(len(s))
-	return b.String()
+	flush()
+	return out
 }
 
 // canonicalOrder sorts each run of non-starters by combining class,

@@ -44,7 +44,7 @@ type Tokenizer struct {
 
 	// specials are the texts recognised before pre-tokenization, sorted
 	// longest first within each first byte.
-	specials   map[byte][]special
+	specials   [256][]special
 	eog        map[int32]bool
 	addPrefix  bool
 	stripFirst bool // SPM decode drops the space the prefix added
@@ -77,15 +77,14 @@ func New(c Config) (*Tokenizer, error) {
 		return nil, fmt.Errorf("%w: pre-tokenizer %q not supported (supported: llama-bpe, qwen2, default)", ErrBadConfig, c.Pre)
 	}
 	t := &Tokenizer{
-		cfg:      c,
-		spm:      c.Model == ModelLlama,
-		pre:      kind,
-		ignMerg:  kind == preLlama3,
-		pieces:   make([]string, len(c.Tokens)),
-		vocab:    make(map[string]int32, len(c.Tokens)),
-		specials: map[byte][]special{},
-		eog:      map[int32]bool{},
-		scores:   c.Scores,
+		cfg:     c,
+		spm:     c.Model == ModelLlama,
+		pre:     kind,
+		ignMerg: kind == preLlama3,
+		pieces:  make([]string, len(c.Tokens)),
+		vocab:   make(map[string]int32, len(c.Tokens)),
+		eog:     map[int32]bool{},
+		scores:  c.Scores,
 	}
 	for i := range t.byteTok {
 		t.byteTok[i] = -1
@@ -141,7 +140,7 @@ func New(c Config) (*Tokenizer, error) {
 			t.byteTok[raw[0]] = int32(id)
 		}
 	}
-	for _, l := range t.specials {
+	for _, l := range &t.specials {
 		sort.SliceStable(l, func(i, j int) bool { return len(l[i].text) > len(l[j].text) })
 	}
 	if t.spm {

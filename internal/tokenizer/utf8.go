@@ -32,7 +32,7 @@ func seqLen(lead byte) (n int, lo, hi byte) {
 // a proper prefix of some valid sequence (more bytes could complete it);
 // otherwise bad is the length of the maximal invalid subpart to replace
 // with one U+FFFD (the WHATWG "maximal subpart" rule).
-func validPrefix(b []byte) (complete int, partial bool, bad int) {
+func validPrefix[T string | []byte](b T) (complete int, partial bool, bad int) {
 	n, lo, hi := seqLen(b[0])
 	if n == 0 {
 		return 0, false, 1

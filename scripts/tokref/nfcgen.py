@@ -72,3 +72,21 @@ for lo, hi in ranges:
 w("}\n")
 open("internal/tokenizer/nfc_tables.go", "w").write("".join(out))
 print("decomp %d ccc ranges %d comp %d unstable ranges %d" % (len(decomp), len(ccc), len(comp), len(ranges)), file=sys.stderr)
+
+# Test vectors: every decomposable rune in NFD and NFC form, followed by
+# combining marks in both orders, and Hangul syllables taken apart.
+import gzip, json, random
+rng = random.Random(1)
+marks = [0x0301, 0x0327, 0x0323, 0x0308, 0x031B, 0x0345, 0x05B0, 0x093C, 0x0E48, 0x3099]
+vec = []
+for cp, _ in decomp:
+    for base in (chr(cp), unicodedata.normalize("NFD", chr(cp))):
+        m = "".join(chr(x) for x in rng.sample(marks, rng.randint(0, 3)))
+        s = "x" + base + m + "y"
+        vec.append([s, unicodedata.normalize("NFC", s)])
+for _ in range(500):
+    s = "".join(chr(rng.choice([rng.randint(0x1100, 0x1112), rng.randint(0x1161, 0x1175), rng.randint(0x11A8, 0x11C2), rng.randint(0xAC00, 0xD7A3), 0x0301, 0x61])) for _ in range(6))
+    vec.append([s, unicodedata.normalize("NFC", s)])
+with gzip.GzipFile("internal/tokenizer/testdata/nfc.json.gz", "wb", mtime=0) as f:
+    f.write(json.dumps({"unicode": unicodedata.unidata_version, "cases": vec}).encode())
+print("nfc vectors %d" % len(vec), file=sys.stderr)
