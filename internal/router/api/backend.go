@@ -90,14 +90,15 @@ type Stream interface {
 	// ctx ends, or a request error (see Backend). After Next returned an
 	// error, further calls return the same error.
 	Next(ctx context.Context) (Token, error)
-	// Result may be called at any time; see Result for which fields are
-	// final when.
+	// Result may be called at any time before Close; see Result for which
+	// fields are final when.
 	Result() Result
 	// Close releases the stream. The caller MUST call it exactly once,
 	// whether or not Next reached io.EOF. Closing before io.EOF aborts the
 	// generation: the backend stops it and releases what it holds (for a
 	// PD deployment: through the normal abort path, deferred release
-	// included). Close MUST NOT block on the network for long.
+	// included). The handler closes the stream before it writes the end of
+	// the response. Close MUST NOT block on the network for long.
 	Close()
 }
 

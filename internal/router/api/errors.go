@@ -144,6 +144,7 @@ func detail(err error) string {
 }
 
 var defaultMessage = map[reqerr.Kind]string{
+	reqerr.KindContextLength:  "The request exceeds the model's maximum context length.",
 	reqerr.KindInvalidRequest: "The request is invalid.",
 	reqerr.KindUnknownModel:   "The model does not exist.",
 	reqerr.KindOverloaded:     "Too many requests in flight; retry later.",

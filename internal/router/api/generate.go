@@ -10,14 +10,17 @@ import (
 // gen streams one generation to the client, or collects it into one
 // response. It runs on the request's goroutine.
 type gen struct {
-	h      *handler
-	w      *statusWriter
-	r      *http.Request
-	c      *call
-	s      Stream
-	id     string // request id
-	respID string // "chatcmpl-<id>" or "cmpl-<id>"
-	tenant string
+	h *handler
+	w *statusWriter
+	r *http.Request
+	c *call
+	s Stream
+	// release closes s and frees the tenant's slot; idempotent. Called
+	// before the final write (see generate).
+	release func()
+	id      string // request id
+	respID  string // "chatcmpl-<id>" or "cmpl-<id>"
+	tenant  string
 
 	start, last time.Time
 	created     int64
@@ -55,6 +58,7 @@ func (g *gen) run() {
 			break
 		}
 		if err != nil {
+			g.release()
 			g.fail(err)
 			return
 		}
@@ -199,6 +203,7 @@ func (g *gen) fail(err error) {
 
 func (g *gen) end(finish string) {
 	prompt := g.s.Result().PromptTokens
+	g.release() // after Result: Close ends the stream's life
 	g.h.m.promptTokens.Add(float64(prompt))
 	defer func() { g.h.m.e2e.Observe(g.h.cfg.Now().Sub(g.start).Seconds()) }()
 	if g.c.stream {

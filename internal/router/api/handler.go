@@ -173,19 +173,20 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	ep := endpointOf(r.URL.Path)
 	defer func() {
 		p := recover()
+		headersOut := w.code != 0
 		if p != nil && p != http.ErrAbortHandler {
 			// A last resort: tests show decoding never panics on input. The
 			// panic value and stack are programmer-facing, not request data.
 			h.log.Error("panic serving request", "request_id", id, "endpoint", ep,
 				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			if w.code == 0 {
+			if !headersOut {
 				h.writeError(w, ErrorInfo{Status: http.StatusInternalServerError, Type: typeServer,
 					Code: reqerr.KindInternal.String(), Message: "The server had an error while processing your request."})
 			}
 			h.m.rejected.WithLabelValues(reqerr.KindInternal.String()).Inc()
 		}
 		h.m.requests.WithLabelValues(ep, strconv.Itoa(w.status())).Inc()
-		if p != nil && (p == http.ErrAbortHandler || w.code != 0) {
+		if p != nil && (p == http.ErrAbortHandler || headersOut) {
 			// Headers are out: cut the connection so the client sees a
 			// broken response, not a complete-looking one.
 			panic(http.ErrAbortHandler)
@@ -402,18 +403,35 @@ func (h *handler) generate(w *statusWriter, r *http.Request, id string, chat boo
 			"Too many requests in flight for your API key's tenant (limit %d); retry when one finishes.", limit))
 		return
 	}
-	defer h.limiter.Release(tenant.Name)
 	h.m.inFlight.Inc()
-	defer h.m.inFlight.Dec()
+	done := false
+	// release frees what the request holds. It runs before the last byte
+	// of the response is written, so that a client that sends its next
+	// request as soon as it has read this one never finds its tenant's slot
+	// still taken, and the backend's work is released first.
+	var s Stream
+	release := func() {
+		if done {
+			return
+		}
+		done = true
+		if s != nil {
+			s.Close()
+		}
+		h.limiter.Release(tenant.Name)
+		h.m.inFlight.Dec()
+	}
+	defer release()
 
 	c.req.ID, c.req.Tenant = id, tenant.Name
-	s, err := h.backend.Generate(r.Context(), &c.req)
+	s, err = h.backend.Generate(r.Context(), &c.req)
 	if err != nil {
+		s = nil
+		release()
 		h.fail(w, r, id, tenant.Name, err)
 		return
 	}
-	defer s.Close()
-	g := &gen{h: h, w: w, r: r, c: &c, s: s, id: id, tenant: tenant.Name, start: start,
+	g := &gen{h: h, w: w, r: r, c: &c, s: s, release: release, id: id, tenant: tenant.Name, start: start,
 		created: start.Unix(), stop: stopMatcher{stops: c.stop}, buf: make([]byte, 0, 512)}
 	if chat {
 		g.respID = "chatcmpl-" + id
