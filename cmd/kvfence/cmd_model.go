@@ -190,9 +190,11 @@ func readMaybeGzip(path string) ([]byte, error) {
 func runModelInspect(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("kvfence model inspect", flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
+	showKV := fs.Bool("kv", false, "also list every metadata key with its type and value (long arrays abbreviated)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: kvfence model inspect FILE.gguf\n\n"+
-			"Prints the architecture, sizes, parameter count, tokenizer and tensor table of a GGUF file.\n")
+		fmt.Fprintf(fs.Output(), "Usage: kvfence model inspect [-kv] FILE.gguf\n\n"+
+			"Prints the architecture, sizes, parameter count, tokenizer and tensor table of a GGUF file.\n\nFlags:\n")
+		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -214,7 +216,79 @@ func runModelInspect(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return inspect(stdout, path, st.Size(), f)
+	if err := inspect(stdout, path, st.Size(), f); err != nil {
+		return err
+	}
+	if *showKV {
+		listKV(stdout, f)
+	}
+	return nil
+}
+
+// listKV prints every metadata entry, abbreviating arrays to their first
+// elements.
+func listKV(w io.Writer, f *gguf.File) {
+	const show = 8
+	fmt.Fprintf(w, "\nmetadata:\n")
+	for _, kv := range f.KV {
+		var v string
+		switch x := kv.Value.(type) {
+		case string:
+			v = fmt.Sprintf("%q", abbreviate(x, 120))
+		case []string:
+			parts := make([]string, 0, show)
+			for _, e := range x[:min(show, len(x))] {
+				parts = append(parts, fmt.Sprintf("%q", abbreviate(e, 40)))
+			}
+			v = fmt.Sprintf("[%d strings] %s", len(x), strings.Join(parts, " "))
+			if len(x) > show {
+				v += " ..."
+			}
+		default:
+			v = fmt.Sprintf("%v", kv.Value)
+			if n := arrayLen(kv.Value); n >= 0 {
+				v = fmt.Sprintf("[%d] %s", n, abbreviate(v, 120))
+			}
+		}
+		fmt.Fprintf(w, "  %s (%T) = %s\n", kv.Key, kv.Value, v)
+	}
+}
+
+func abbreviate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+func arrayLen(v any) int {
+	switch x := v.(type) {
+	case []uint8:
+		return len(x)
+	case []int8:
+		return len(x)
+	case []uint16:
+		return len(x)
+	case []int16:
+		return len(x)
+	case []uint32:
+		return len(x)
+	case []int32:
+		return len(x)
+	case []uint64:
+		return len(x)
+	case []int64:
+		return len(x)
+	case []float32:
+		return len(x)
+	case []float64:
+		return len(x)
+	case []bool:
+		return len(x)
+	case []any:
+		return len(x)
+	}
+	return -1
 }
 
 func inspect(w io.Writer, path string, size int64, f *gguf.File) error {

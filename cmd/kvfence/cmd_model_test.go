@@ -35,7 +35,7 @@ func TestModelNewAndInspect(t *testing.T) {
 	f.Close()
 
 	out.Reset()
-	if err := runModel(context.Background(), []string{"inspect", path}, &out, &out); err != nil {
+	if err := runModel(context.Background(), []string{"inspect", "-kv", path}, &out, &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
@@ -46,6 +46,8 @@ func TestModelNewAndInspect(t *testing.T) {
 		"chat template: present",
 		"blk.0.attn_k.bias",
 		"token_embd.weight         F16   64 x 151669",
+		"qwen2.attention.head_count_kv (uint32) = 2",
+		`tokenizer.ggml.tokens ([]string) = [151669 strings] "!"`,
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("inspect output lacks %q:\n%s", want, out.String())
