@@ -11,8 +11,12 @@ import (
 // order, to U+0100 onwards.
 var byteToRune, runeToByte = byteLevelTables()
 
-func byteLevelTables() (b2r [256]rune, r2b map[rune]byte) {
-	r2b = make(map[rune]byte, 256)
+// runeToByte is indexed by rune (all byte-level runes are below 0x144);
+// -1 marks runes outside the table.
+func byteLevelTables() (b2r [256]rune, r2b [0x144]int16) {
+	for i := range r2b {
+		r2b[i] = -1
+	}
 	n := rune(0)
 	for b := range 256 {
 		if b >= 0x21 && b <= 0x7E || b >= 0xA1 && b <= 0xAC || b >= 0xAE {
@@ -21,7 +25,7 @@ func byteLevelTables() (b2r [256]rune, r2b map[rune]byte) {
 			b2r[b] = 256 + n
 			n++
 		}
-		r2b[b2r[b]] = byte(b)
+		r2b[b2r[b]] = int16(b)
 	}
 	return b2r, r2b
 }
@@ -29,16 +33,25 @@ func byteLevelTables() (b2r [256]rune, r2b map[rune]byte) {
 // byteLevelDecode turns byte-level token text into the bytes it stands for;
 // ok is false if s contains a character outside the table.
 func byteLevelDecode(s string) (string, bool) {
-	var b strings.Builder
-	b.Grow(len(s))
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= utf8.RuneSelf || runeToByte[c] < 0 {
+			ascii = false
+			break
+		}
+	}
+	if ascii { // printable ASCII maps to itself
+		return s, true
+	}
+	b := make([]byte, 0, len(s))
 	for _, r := range s {
-		c, ok := runeToByte[r]
-		if !ok {
+		if r >= rune(len(runeToByte)) || runeToByte[r] < 0 {
 			return "", false
 		}
-		b.WriteByte(c)
+		b = append(b, byte(runeToByte[r]))
 	}
-	return b.String(), true
+	return string(b), true
 }
 
 // byteLevelEncode is the inverse of byteLevelDecode.

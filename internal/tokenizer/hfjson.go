@@ -19,11 +19,11 @@ type hfTokenizer struct {
 	PostProcessor json.RawMessage `json:"post_processor"`
 	Decoder       json.RawMessage `json:"decoder"`
 	Model         struct {
-		Type         string            `json:"type"`
-		Vocab        map[string]int32  `json:"vocab"`
-		Merges       []json.RawMessage `json:"merges"`
-		UnkToken     *string           `json:"unk_token"`
-		ByteFallback bool              `json:"byte_fallback"`
+		Type         string           `json:"type"`
+		Vocab        map[string]int32 `json:"vocab"`
+		Merges       json.RawMessage  `json:"merges"`
+		UnkToken     *string          `json:"unk_token"`
+		ByteFallback bool             `json:"byte_fallback"`
 	} `json:"model"`
 }
 
@@ -202,18 +202,22 @@ func FromHFJSON(tokenizerJSON, tokenizerConfigJSON []byte) (Config, error) {
 		c.AddEOS = *hc.AddEOS
 	}
 
-	merges := make([]string, 0, len(hf.Model.Merges))
-	for i, m := range hf.Model.Merges {
-		var s string
-		if err := json.Unmarshal(m, &s); err == nil {
-			merges = append(merges, s)
-			continue
+	// Merges come as "left right" strings or, in newer files, as pairs.
+	var merges []string
+	if len(hf.Model.Merges) > 0 && string(hf.Model.Merges) != "null" {
+		if err := json.Unmarshal(hf.Model.Merges, &merges); err != nil {
+			var pairs [][]string
+			if err := json.Unmarshal(hf.Model.Merges, &pairs); err != nil {
+				return Config{}, fmt.Errorf("%w: merges are neither \"a b\" strings nor [a, b] pairs", ErrBadConfig)
+			}
+			merges = make([]string, len(pairs))
+			for i, p := range pairs {
+				if len(p) != 2 {
+					return Config{}, fmt.Errorf("%w: merge %d is not a pair", ErrBadConfig, i)
+				}
+				merges[i] = p[0] + " " + p[1]
+			}
 		}
-		var pair []string
-		if err := json.Unmarshal(m, &pair); err != nil || len(pair) != 2 {
-			return Config{}, fmt.Errorf("%w: merge %d is neither \"a b\" nor [a, b]", ErrBadConfig, i)
-		}
-		merges = append(merges, pair[0]+" "+pair[1])
 	}
 	if c.Model == ModelGPT2 {
 		c.Merges = merges

@@ -39,7 +39,7 @@ func TestStreamDecoderMatchesDecode(t *testing.T) {
 				bytesToks = append(bytesToks, id)
 			}
 		}
-		for range 2000 {
+		for range 500 {
 			ids := make([]int32, rng.IntN(12))
 			for i := range ids {
 				if rng.IntN(3) == 0 {
