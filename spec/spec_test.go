@@ -72,6 +72,12 @@ func TestModel(t *testing.T) {
 		{name: "NO_REVOKE_NO_DEFER", defines: []string{"-DNO_REVOKE_NO_DEFER"}, violated: "I2 late write"},
 		{name: "DRAINED_WITHOUT_TOMBSTONE", defines: []string{"-DDRAINED_WITHOUT_TOMBSTONE"}, violated: "I2 late write"},
 		{name: "REJECTED_BUT_ALIVE", defines: []string{"-DREJECTED_BUT_ALIVE"}, violated: "I1 foreign read"},
+		// Placeholder admission can never give the client its original
+		// error (I3, so those asserts are off here), but the fence check
+		// alone, or page-count agreement alone, stops the foreign read.
+		{name: "REJECTED_BUT_ALIVE_fence_only", defines: []string{"-DREJECTED_BUT_ALIVE", "-DKEEP_FENCE", "-DNO_I3"}},
+		{name: "REJECTED_BUT_ALIVE_pagecount_only", defines: []string{"-DREJECTED_BUT_ALIVE", "-DKEEP_PAGECOUNT", "-DNO_I3"}},
+		{name: "REJECTED_BUT_ALIVE_fence_only_I3", defines: []string{"-DREJECTED_BUT_ALIVE", "-DKEEP_FENCE"}, violated: "I3 rejected request"},
 	}
 	// Every probe must be reachable in the safe model, or its verification
 	// would prove nothing about that path. Probe 9 (a write landing in a

@@ -22,6 +22,8 @@
  *   REJECTED_BUT_ALIVE         placeholder admission, no page-count
  *                              agreement, no fence or checksum check:
  *                              counterexample (I1).
+ *     with -DKEEP_FENCE or -DKEEP_PAGECOUNT (and -DNO_I3): each of
+ *     those protections alone stops the foreign read: must verify.
  *   REVOKE_ONLY                revocation without deferred release or
  *                              tombstones: must verify.
  *   DEFER_ONLY                 deferred release + tombstones without
@@ -75,12 +77,25 @@
 #ifdef REJECTED_BUT_ALIVE
 #undef ADMISSION
 #define ADMISSION 0
+#ifndef KEEP_PAGECOUNT
 #undef PAGECOUNT
 #define PAGECOUNT 0
+#endif
+#ifndef KEEP_FENCE
 #undef FENCE
 #define FENCE 0
+#endif
 #undef CHECKSUM
 #define CHECKSUM 0
+#endif
+
+/* NO_I3 drops the I3 asserts: with placeholder admission the client can
+ * never get the original error, but the other protections must still
+ * stop the foreign read (KEEP_FENCE, KEEP_PAGECOUNT). */
+#ifdef NO_I3
+#define ASSERT_I3(c) skip
+#else
+#define ASSERT_I3(c) assert(c)
 #endif
 
 #ifdef REVOKE_ONLY
@@ -334,9 +349,11 @@ inline d_done(r, n) {
 #if PAGECOUNT
 	if :: n != dneed[r] -> t_ok = 0 :: else -> skip fi;
 #endif
+	/* Without page-count agreement D trusts the writer's count and checks
+	 * only the pages Done lists (as (*DecodeMachine).verify does). */
 	t_i = 0;
 	do
-	:: t_i < dneed[r] ->
+	:: t_i < dneed[r] && (PAGECOUNT || t_i < n) ->
 		t_p = dpg[r * MAXNEED + t_i];
 #if FENCE
 		if :: hroom[t_p] != r || hep[t_p] != pep[t_p] -> t_ok = 0 :: else -> skip fi;
@@ -352,26 +369,33 @@ inline d_done(r, n) {
 	if
 	:: t_ok ->
 		revoke(r);
-		t_i = 0;
-		do
-		:: t_i < dneed[r] ->
-			t_p = dpg[r * MAXNEED + t_i];
-			assert(writer[t_p] == r);                       /* I1 */
-			assert(hroom[t_p] == r && hep[t_p] == pep[t_p]); /* I4 */
-			t_i++
-		:: else -> break
-		od;
-		assert(n == dneed[r]);                                  /* I4: tokens */
-		assert(!too_long[r] && !prejected[r]);                  /* I3 */
-		dstate[r] = D_DECODING
+		/* StartDecode. The engine checks every page's fence before its
+		 * first read and fails closed (Finish frees the pages). */
+		d_readfences(r);
+		if
+		:: t_ok ->
+			t_i = 0;
+			do
+			:: t_i < dneed[r] ->
+				t_p = dpg[r * MAXNEED + t_i];
+				assert(writer[t_p] == r);                       /* I1 */
+				assert(hroom[t_p] == r && hep[t_p] == pep[t_p]); /* I4 */
+				t_i++
+			:: else -> break
+			od;
+			assert(n == dneed[r]);                                  /* I4: pages and tokens */
+			ASSERT_I3(!too_long[r] && !prejected[r]);               /* I3 */
+			dstate[r] = D_DECODING
+		:: else -> pages_to(r, F_FREE); result(r, K_INTEGRITY); finish(r)
+		fi
 	:: else -> integrity_fail(r)
 	fi;
 	t_ok = 0; t_i = 0; t_p = 0
 }
 
-/* Run the decode steps: every page read checks its fence first. */
-inline d_decode(r) {
-	t_ok = 1;
+/* The engine's fence check before a read (kvpool.VerifyFences): t_ok = 0
+ * on a mismatch. */
+inline d_readfences(r) {
 	t_i = 0;
 	do
 	:: t_i < dneed[r] ->
@@ -381,7 +405,13 @@ inline d_decode(r) {
 #endif
 		t_i++
 	:: else -> break
-	od;
+	od
+}
+
+/* Run the decode steps: every page read checks its fence first. */
+inline d_decode(r) {
+	t_ok = 1;
+	d_readfences(r);
 	if
 	:: t_ok ->
 		t_i = 0;
@@ -632,7 +662,7 @@ end:
 		:: outcome[t_r] == K_NONE ->
 			outcome[t_r] = t_k;
 			/* I3: a request admission must reject gets the original error. */
-			assert(!too_long[t_r] || t_k == K_TOOLONG)
+			ASSERT_I3(!too_long[t_r] || t_k == K_TOOLONG)
 		:: else -> skip
 		fi;
 		t_r = 0; t_k = 0 }
