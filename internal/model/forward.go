@@ -53,7 +53,7 @@ type Workspace struct {
 	rowSeq []int // chunk of each token
 	rowPos []int // position of each token
 
-	scores [][]float32 // per worker: attention scores over the context
+	scores [][]float32 // per worker: attention scores, grown to the longest context seen
 
 	hidden   []float32 // normalized rows that need logits, [row][Dim]
 	logits   []float32 // [row][Vocab]
@@ -94,9 +94,6 @@ func (m *Model) NewWorkspace(maxTokens, maxSeqs, threads int) *Workspace {
 		logits:   make([]float32, maxSeqs*c.Vocab),
 		logitOff: make([]int, maxSeqs),
 		logitN:   make([]int, maxSeqs),
-	}
-	for i := range ws.scores {
-		ws.scores[i] = make([]float32, c.ContextLength)
 	}
 	ws.attn.ws = ws
 	return ws
@@ -196,6 +193,17 @@ func (m *Model) Forward(ws *Workspace, kv KVStore, batch []Seq) error {
 		return err
 	}
 	c := m.Config
+	maxCtx := 0
+	for s := range batch {
+		maxCtx = max(maxCtx, batch[s].Pos+len(batch[s].Tokens))
+	}
+	if len(ws.scores[0]) < maxCtx {
+		// High-water growth, in steps of 1024 positions.
+		n := min((maxCtx+1023)/1024*1024, c.ContextLength)
+		for i := range ws.scores {
+			ws.scores[i] = make([]float32, n)
+		}
+	}
 	dim, hd, half := c.Dim, c.HeadDim, c.HeadDim/2
 	qDim, kvDim := c.Heads*hd, c.KVHeads*hd
 	ps := kv.PageSize()

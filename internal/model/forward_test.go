@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -56,21 +57,48 @@ func runChunked(t testing.TB, m *Model, ws *Workspace, kv KVStore, pages []int32
 // which moves logits by 1e-2 or more.
 const refTolerance = 1e-5
 
-func TestForwardMatchesReference(t *testing.T) {
-	var specs []spec
+// testModels lists the reference test's models: every architecture ×
+// weight type × tied/untied as internal/modelbuild writes them (loaded
+// through Load, the mmap path), and this package's own llama with Llama 3.1
+// frequency factors and linear rope scaling, which the builder does not
+// write.
+func testModels() []struct {
+	name string
+	load func(t testing.TB) (*Model, *gguf.File, spec)
+} {
+	type entry = struct {
+		name string
+		load func(t testing.TB) (*Model, *gguf.File, spec)
+	}
+	var out []entry
 	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
 		for _, typ := range []gguf.TensorType{gguf.TypeF32, gguf.TypeF16, gguf.TypeBF16, gguf.TypeQ8_0} {
 			for _, tied := range []bool{false, true} {
-				specs = append(specs, tinySpec(arch, typ, tied))
+				o := tinyOptions(arch, typ, tied)
+				out = append(out, entry{fmt.Sprintf("built/%s/%v/tied=%v", arch, typ, tied), func(t testing.TB) (*Model, *gguf.File, spec) {
+					m, f := loadBuilt(t, o)
+					return m, f, specOf(o)
+				}})
 			}
 		}
 	}
-	const n = 70
-	for _, s := range specs {
-		t.Run(s.String(), func(t *testing.T) {
-			t.Parallel()
+	for _, typ := range []gguf.TensorType{gguf.TypeF32, gguf.TypeQ8_0} {
+		s := tinySpec("llama", typ, false)
+		out = append(out, entry{"own/llama-rope-factors/" + typ.String(), func(t testing.TB) (*Model, *gguf.File, spec) {
 			m, f := s.load(t)
-			rng := rand.New(rand.NewPCG(s.seed, 99))
+			return m, f, s
+		}})
+	}
+	return out
+}
+
+func TestForwardMatchesReference(t *testing.T) {
+	const n = 70
+	for _, tm := range testModels() {
+		t.Run(tm.name, func(t *testing.T) {
+			t.Parallel()
+			m, f, s := tm.load(t)
+			rng := rand.New(rand.NewPCG(3, 99))
 			tokens := randTokens(rng, n, s.vocab)
 			ref := refForward(t, s, f, tokens)
 			var worst float64

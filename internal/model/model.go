@@ -80,6 +80,10 @@ func FromGGUF(f *gguf.File) (*Model, error) {
 	} else {
 		m.output = l.matrix("output.weight", c.Vocab, c.Dim)
 	}
+	if c.Layers > len(f.Tensors)/9 {
+		// Every layer has at least nine tensors; refuse before allocating.
+		return nil, fmt.Errorf("model: %s.block_count is %d but the file holds only %d tensors", c.Arch, c.Layers, len(f.Tensors))
+	}
 	m.layers = make([]layer, c.Layers)
 	for i := range m.layers {
 		ly := &m.layers[i]

@@ -48,13 +48,13 @@ func refForward(t testing.TB, s spec, f *gguf.File, tokens []int32) [][]float64 
 		}
 		return y
 	}
-	const eps = 1e-6 // what spec.build writes (as float32)
+	eps := float64(float32(s.eps)) // the file holds it as float32
 	rmsnorm := func(x, w []float64) []float64 {
 		var ss float64
 		for _, v := range x {
 			ss += v * v
 		}
-		r := 1 / math.Sqrt(ss/float64(len(x))+float64(float32(eps)))
+		r := 1 / math.Sqrt(ss/float64(len(x))+eps)
 		y := make([]float64, len(x))
 		for i := range x {
 			y[i] = x[i] * r * w[i]

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 
 	"github.com/kvfence/kvfence/internal/gguf"
+	"github.com/kvfence/kvfence/internal/modelbuild"
+	"github.com/kvfence/kvfence/internal/tokenizer"
 )
 
 // spec describes a tiny model written at test time. It is this package's own
@@ -22,9 +25,10 @@ type spec struct {
 	tied                            bool
 	ropeBase, ropeScale             float64 // 0: default, 1: none
 	ropeFreqs                       bool    // write rope_freqs.weight
+	eps                             float64
 	seed                            uint64
 	mutate                          func(name string, typ *gguf.TensorType, dims *[]uint64) // breaks tensors for error tests
-	skipKeys                        map[string]bool
+	skipKeys                        map[string]bool                                         // metadata keys and tensors left out
 }
 
 func (s spec) String() string {
@@ -32,7 +36,7 @@ func (s spec) String() string {
 }
 
 func tinySpec(arch string, typ gguf.TensorType, tied bool) spec {
-	s := spec{arch: arch, layers: 2, dim: 64, heads: 4, kvHeads: 2, hd: 16, ff: 96, vocab: 96, ctx: 160, typ: typ, tied: tied, seed: 1}
+	s := spec{arch: arch, layers: 2, dim: 64, heads: 4, kvHeads: 2, hd: 16, ff: 96, vocab: 96, ctx: 160, typ: typ, tied: tied, seed: 1, eps: 1e-6}
 	switch arch {
 	case "llama":
 		s.ropeBase, s.ropeScale, s.ropeFreqs = 500000, 2, true
@@ -67,7 +71,7 @@ func (s spec) build(t testing.TB) []byte {
 	set(p+"attention.head_count_kv", uint32(s.kvHeads))
 	set(p+"attention.key_length", uint32(s.hd))
 	set(p+"attention.value_length", uint32(s.hd))
-	set(p+"attention.layer_norm_rms_epsilon", float32(1e-6))
+	set(p+"attention.layer_norm_rms_epsilon", float32(s.eps))
 	if s.ropeBase != 0 {
 		set(p+"rope.freq_base", float32(s.ropeBase))
 	}
@@ -76,6 +80,12 @@ func (s spec) build(t testing.TB) []byte {
 		set(p+"rope.scaling.factor", float32(s.ropeScale))
 	}
 	add := func(name string, typ gguf.TensorType, dims []uint64, scale, mean float64) {
+		if s.skipKeys[name] {
+			return
+		}
+		if s.mutate != nil {
+			s.mutate(name, &typ, &dims)
+		}
 		n := 1
 		for _, d := range dims {
 			n *= int(d)
@@ -84,12 +94,15 @@ func (s spec) build(t testing.TB) []byte {
 		for i := range v {
 			v[i] = float32(mean + rng.NormFloat64()*scale)
 		}
-		if s.mutate != nil {
-			s.mutate(name, &typ, &dims)
-		}
 		data, err := gguf.Quantize(typ, v)
 		if err != nil {
-			t.Fatalf("quantize %s: %v", name, err)
+			// A type the reference quantizer does not write (error
+			// tests): zero bytes of the right size.
+			rb, err2 := typ.RowBytes(n)
+			if err2 != nil {
+				t.Fatalf("quantize %s: %v", name, err)
+			}
+			data = make([]byte, rb)
 		}
 		if err := w.AddTensor(name, typ, dims, data); err != nil {
 			t.Fatalf("add %s: %v", name, err)
@@ -157,5 +170,93 @@ func (s spec) load(t testing.TB) (*Model, *gguf.File) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m, f
+}
+
+// tinyTokenizer is a byte-level BPE vocabulary built by hand: the 256 byte
+// tokens under GPT-2's byte-to-unicode mapping, a few merges, and ChatML
+// control tokens, padded with unused tokens to vocab entries.
+func tinyTokenizer(vocab int) tokenizer.Config {
+	var byteRune [256]rune
+	n := 0
+	for b := range 256 {
+		if (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff) {
+			byteRune[b] = rune(b)
+		} else {
+			byteRune[b] = rune(256 + n)
+			n++
+		}
+	}
+	c := tokenizer.Config{Model: tokenizer.ModelGPT2, Pre: tokenizer.PreQwen2, BOS: -1, EOT: -1, PAD: -1, UNK: -1}
+	for b := range 256 {
+		c.Tokens = append(c.Tokens, string(byteRune[b]))
+		c.Types = append(c.Types, tokenizer.TypeNormal)
+	}
+	sp := string(byteRune[' '])
+	for _, m := range [][2]string{{sp, "t"}, {"h", "e"}, {sp + "t", "he"}, {"i", "n"}, {sp, "a"}} {
+		c.Merges = append(c.Merges, m[0]+" "+m[1])
+		c.Tokens = append(c.Tokens, m[0]+m[1])
+		c.Types = append(c.Types, tokenizer.TypeNormal)
+	}
+	for _, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
+		c.Tokens = append(c.Tokens, s)
+		c.Types = append(c.Types, tokenizer.TypeControl)
+	}
+	c.EOS = int32(len(c.Tokens) - 1) // <|im_end|>
+	c.ChatTemplate = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+	for len(c.Tokens) < vocab {
+		c.Tokens = append(c.Tokens, fmt.Sprintf("[PAD%d]", len(c.Tokens)))
+		c.Types = append(c.Types, tokenizer.TypeUnused)
+	}
+	return c
+}
+
+// tinyOptions is a modelbuild model of the same tiny shape as tinySpec.
+func tinyOptions(arch string, typ gguf.TensorType, tied bool) modelbuild.Options {
+	s := tinySpec(arch, typ, tied)
+	return modelbuild.Options{
+		Arch: arch, Layers: s.layers, Dim: s.dim, Heads: s.heads, KVHeads: s.kvHeads, HeadDim: s.hd, FF: s.ff,
+		Ctx: s.ctx, Type: typ, Seed: 7, Tied: tied, Tokenizer: tinyTokenizer(320),
+	}
+}
+
+// specOf describes a modelbuild model for the reference forward, from the
+// builder's documented defaults.
+func specOf(o modelbuild.Options) spec {
+	s := spec{arch: o.Arch, layers: o.Layers, dim: o.Dim, heads: o.Heads, kvHeads: o.KVHeads, hd: o.HeadDim,
+		ff: o.FF, vocab: len(o.Tokenizer.Tokens), ctx: o.Ctx, typ: o.Type, tied: o.Tied,
+		ropeBase: o.RopeBase, ropeScale: o.RopeScale, eps: o.RMSEps}
+	if s.ropeBase == 0 {
+		s.ropeBase = map[string]float64{"llama": 500000}[o.Arch]
+		if s.ropeBase == 0 {
+			s.ropeBase = 1e6
+		}
+	}
+	if s.eps == 0 {
+		s.eps = map[string]float64{"llama": 1e-5}[o.Arch]
+		if s.eps == 0 {
+			s.eps = 1e-6
+		}
+	}
+	return s
+}
+
+// loadBuilt writes o with modelbuild into a temp dir and loads it with Load
+// (the mmap path); it also opens the file for the reference.
+func loadBuilt(t testing.TB, o modelbuild.Options) (*Model, *gguf.File) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := modelbuild.Write(o, path); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(); f.Close() })
 	return m, f
 }
