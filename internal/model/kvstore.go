@@ -17,5 +17,11 @@ type KVStore interface {
 	// store's memory: the forward pass writes new K/V through them and reads
 	// past K/V from them. It MUST NOT allocate. A page id the store does not
 	// have is a programmer error and panics.
+	//
+	// Forward calls LayerKV from its worker goroutines concurrently (many
+	// readers of the same and of different pages at once, while no Forward
+	// call is writing those pages' slots), so implementations MUST be safe
+	// for concurrent calls. Within one Forward, the K/V of the batch's new
+	// tokens are written before any attention reads them.
 	LayerKV(page int32, layer int) (k, v []float32)
 }
