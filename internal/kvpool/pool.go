@@ -363,6 +363,31 @@ func (p *Pool) Counts() Counts {
 	return Counts{Total: p.total, Free: c[Free], Allocated: c[Allocated], Deferred: c[Deferred], Quarantined: c[Quarantined]}
 }
 
+// RoomCounts counts the pages room holds in each state (Free is always
+// 0): what a check of "a rejected request holds no pages" (I3) or of a
+// room's deferred and quarantined pages reads. It scans the whole pool:
+// for tests, simulations and debugging, not for the hot path.
+func (p *Pool) RoomCounts(room RoomID) Counts {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var c Counts
+	for pg, s := range p.mu.state {
+		if s == Free || p.mu.expect[pg].Room != room {
+			continue
+		}
+		c.Total++
+		switch s {
+		case Allocated:
+			c.Allocated++
+		case Deferred:
+			c.Deferred++
+		case Quarantined:
+			c.Quarantined++
+		}
+	}
+	return c
+}
+
 // Stats returns the accounting and the counters.
 func (p *Pool) Stats() Stats {
 	return Stats{

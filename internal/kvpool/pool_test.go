@@ -78,6 +78,9 @@ func TestAllocAccountingAndEpochs(t *testing.T) {
 	if c := p.Counts(); c != (Counts{Total: 4, Free: 2, Deferred: 1, Quarantined: 1}) {
 		t.Fatalf("counts = %+v", c)
 	}
+	if c := p.RoomCounts(room(1)); c != (Counts{Total: 2, Deferred: 1, Quarantined: 1}) {
+		t.Fatalf("room counts = %+v", c)
+	}
 	p.Quarantine(room(1), a[:1]) // deferred -> quarantined is allowed (drain timeout)
 	p.Release(room(1), a[:2])
 	if c := p.Counts(); c != (Counts{Total: 4, Free: 4}) {

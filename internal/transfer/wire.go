@@ -133,6 +133,18 @@ func AppendEncode(dst []byte, m Message) []byte {
 	return dst
 }
 
+// AppendWriteHead appends w's frame without its data: a sender that
+// writes the head and then w.Data (writev) sends exactly AppendEncode's
+// bytes without copying the page.
+func AppendWriteHead(dst []byte, w *Write) []byte {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0)
+	dst = appendSigned(dst, w)
+	dst = append(dst, w.MAC[:]...)
+	binary.LittleEndian.PutUint32(dst[start:], uint32(len(dst)-start-lenPrefix+len(w.Data)))
+	return dst
+}
+
 // Encode returns m's frame.
 func Encode(m Message) []byte { return AppendEncode(nil, m) }
 

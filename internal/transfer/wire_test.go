@@ -68,6 +68,14 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 }
 
+func TestAppendWriteHead(t *testing.T) {
+	w := sampleMessages()[4].(*Write)
+	testAuth(t).Sign(w)
+	if got := append(AppendWriteHead(nil, w), w.Data...); !bytes.Equal(got, Encode(w)) {
+		t.Fatal("head + data differs from the encoded frame")
+	}
+}
+
 func TestWireRejectsMalformed(t *testing.T) {
 	auth := testAuth(t)
 	grant := sampleMessages()[2]
