@@ -402,8 +402,10 @@ func (p *Pool) Stats() Stats {
 func (p *Pool) Header(page int32) (Header, error) { return ParseHeader(p.PageBytes(page)) }
 
 // Stamp writes the page's expected fence into its header, for a page its
-// owner fills itself (decode growth, the prefill worker's own pages). The
-// header carries no checksum: it is only for pages that never travel.
+// owner fills itself (decode growth, the prefill worker's own pages).
+// ordinal MUST be the page's index in its sequence's page table, as
+// VerifyFences checks. The header carries no checksum: it is only for
+// pages that never travel.
 func (p *Pool) Stamp(page int32, ordinal, tokens uint32) {
 	want := p.Expected(page)
 	invariants.Assert(p.State(page) == Allocated, "kvpool: Stamp of a page that is not allocated")
