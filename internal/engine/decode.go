@@ -1,0 +1,897 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvfence/kvfence/internal/invariants"
+	"github.com/kvfence/kvfence/internal/kvpool"
+	"github.com/kvfence/kvfence/internal/model"
+	"github.com/kvfence/kvfence/internal/reqerr"
+	"github.com/kvfence/kvfence/internal/transfer"
+	"github.com/kvfence/kvfence/internal/transfer/link"
+)
+
+// DecodeConfig configures a decode worker.
+type DecodeConfig struct {
+	Model *model.Model
+	// Pool is the decode pool; its shape must match the model.
+	Pool *kvpool.Pool
+	Auth *transfer.Auth
+	Self transfer.PeerID // this worker's transfer identity
+	// Router is the PeerID the router's messages (Open, Abort) are stepped
+	// from.
+	Router transfer.PeerID
+	// ContextWindow is the most tokens per request (prompt + max_tokens);
+	// 0 means the model's context length. LowerWindow lets NewDecodeWorker
+	// lower it to the pool's tokens instead of refusing (I6); Note says so.
+	ContextWindow int
+	LowerWindow   bool
+	// MaxRunning bounds requests holding pages (--max-running-requests).
+	// Default 64.
+	MaxRunning int
+	// MaxQueue bounds requests waiting for admission. Default 1024.
+	MaxQueue int
+	// StreamBuffer is each stream's event buffer; a sequence whose client
+	// does not read skips steps once it is full. Default 64.
+	StreamBuffer int
+	// Threads for the forward pass (< 1: GOMAXPROCS).
+	Threads int
+	// TickInterval is the machine's tick (default 10ms). Timeouts below are
+	// in ticks.
+	TickInterval    time.Duration
+	TransferTimeout int64 // Grant to Done; 0 means 3000 ticks
+	DrainTimeout    int64 // abort to Drained before quarantine; 0 means 100
+	transfer.Protections
+	// TransferAddr is where prefill workers dial this worker (Info).
+	TransferAddr string
+	// KeyBase makes window keys unique across incarnations (random).
+	KeyBase uint64
+	Log     *slog.Logger
+}
+
+// DecodeStats is a snapshot of a decode worker's gauges and counters.
+type DecodeStats struct {
+	Pool          kvpool.Stats // pages by state; fence, checksum, quarantine counters
+	PoolTokens    int
+	ContextWindow int
+	Running       int // requests holding pages
+	Active        int // sequences decoding
+	Queued        int // waiting for admission
+	// Rejected counts requests refused before any reservation, by kind
+	// (context_length_exceeded, invalid_request, overloaded, shutting_down).
+	Rejected          [reqerr.KindInternal + 1]uint64
+	Failed            [reqerr.KindInternal + 1]uint64 // admitted requests that ended with an error, by kind
+	DeferredDrained   uint64                          // deferred releases ended by Drained
+	DeferredTimeout   uint64                          // deferred releases ended by the drain timeout (quarantine)
+	IntegrityFailures uint64                          // transfers that failed verification
+	FenceFailures     uint64                          // sequences ended because a page failed VerifyFences before a step
+	GeneratedTokens   uint64
+	Steps             uint64 // forward calls
+	Machine           transfer.DecodeStats
+}
+
+// DecodeWorker is a decode worker: the decode transfer machine, the
+// continuous-batching loop and the admission queue, driven by one goroutine.
+// Its exported methods are safe for concurrent use. It implements Decoder
+// and link.Sink (give it to the transports that connect prefill workers).
+type DecodeWorker struct {
+	cfg     DecodeConfig
+	window  int
+	note    string
+	windows *transfer.WindowTable
+	in      *inbox
+	done    chan struct{} // closed when the driver goroutine exits
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	// mu guards the admission bookkeeping shared with Generate and Close.
+	mu struct {
+		sync.Mutex
+		waiting int  // requests handed to the driver and not yet admitted or ended
+		closing bool // Close was called: no new work
+		shutdownBy <-chan struct{}
+	}
+	rejected [reqerr.KindInternal + 1]atomic.Uint64
+
+	// snap is the driver's published view for Info and Stats.
+	snapMu sync.Mutex
+	snap   DecodeStats
+
+	d driverState // owned by the driver goroutine
+}
+
+// driverState is everything only the driver goroutine touches.
+type driverState struct {
+	m       *transfer.DecodeMachine
+	links   map[transfer.PeerID]link.Link
+	reqs    map[transfer.RoomID]*dreq
+	fair    fairQueue
+	running int // requests holding pages (opened or active)
+	active  []*dreq
+	later   []transfer.RoomID // Finish calls owed after the current outputs
+	ws      *model.Workspace
+	smp     *sampler
+	batch   []model.Seq
+	inBatch []*dreq
+	ops     []op
+	now     int64
+	stats   DecodeStats
+	closing bool
+	abortAt bool // the shutdown deadline passed: everything is aborted
+}
+
+type dstate uint8
+
+const (
+	dsQueued dstate = iota // in the fair queue: nothing reserved
+	dsOpened               // growth pages reserved, Open stepped
+	dsActive               // transfer verified; decoding
+)
+
+// dreq is one generation request inside the decode worker.
+type dreq struct {
+	req    *GenerateRequest
+	room   transfer.RoomID
+	state  dstate
+	stream *stream
+	growth []int32 // pages for generated tokens, reserved at admission
+	pages  []int32 // page table once active: prompt pages then growth
+	prompt int
+	pos    int     // position of next[0] (the last emitted token, not yet in KV)
+	tok    [2]int32 // the chunk fed at the next step
+	ntok   int
+	gen    int  // tokens emitted so far
+	lpOwed bool // the first token's logprobs are still to compute
+	first  int32
+	stops  []int32
+	stamped int // pages of the table whose headers carry this room's fence
+}
+
+// NewDecodeWorker checks the pool against the context window (I6) and
+// starts the worker's driver goroutine.
+func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
+	if cfg.Model == nil || cfg.Pool == nil || cfg.Auth == nil {
+		return nil, errors.New("engine: decode worker needs a model, a pool and an auth")
+	}
+	if err := checkShape(cfg.Model, cfg.Pool); err != nil {
+		return nil, err
+	}
+	if cfg.ContextWindow <= 0 {
+		cfg.ContextWindow = cfg.Model.Config.ContextLength
+	}
+	window, note, err := kvpool.CheckWindow(cfg.Pool.Tokens(), cfg.ContextWindow, cfg.LowerWindow)
+	if err != nil {
+		return nil, err
+	}
+	window = min(window, cfg.Model.Config.ContextLength)
+	cfg.MaxRunning = orDefault(cfg.MaxRunning, 64)
+	cfg.MaxQueue = orDefault(cfg.MaxQueue, 1024)
+	cfg.StreamBuffer = max(orDefault(cfg.StreamBuffer, 64), 2)
+	if cfg.TickInterval <= 0 {
+		cfg.TickInterval = 10 * time.Millisecond
+	}
+	if cfg.TransferTimeout == 0 {
+		cfg.TransferTimeout = 3000
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 100
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	w := &DecodeWorker{cfg: cfg, window: window, note: note, windows: transfer.NewWindowTable(0), in: newInbox(), done: make(chan struct{})}
+	m, err := transfer.NewDecodeMachine(transfer.DecodeConfig{
+		Self: cfg.Self, Pool: cfg.Pool, Windows: w.windows, Auth: cfg.Auth, Protections: cfg.Protections,
+		ContextWindow: window, MaxRooms: 4 * cfg.MaxRunning, MaxQueue: cfg.MaxRunning,
+		TransferTimeout: cfg.TransferTimeout, DrainTimeout: cfg.DrainTimeout, KeyBase: cfg.KeyBase,
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	w.d = driverState{
+		m: m, links: make(map[transfer.PeerID]link.Link), reqs: make(map[transfer.RoomID]*dreq),
+		fair: newFairQueue(),
+		ws:   cfg.Model.NewWorkspace(2*cfg.MaxRunning, cfg.MaxRunning, cfg.Threads),
+		smp:  newSampler(cfg.Model.Config.Vocab),
+	}
+	w.publish()
+	go w.run()
+	return w, nil
+}
+
+func orDefault(v, d int) int {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
+
+// checkShape refuses a pool whose pages do not hold this model's KV.
+func checkShape(m *model.Model, p *kvpool.Pool) error {
+	s := p.Shape()
+	c := m.Config
+	if s.Layers != c.Layers || s.KVHeads != c.KVHeads || s.HeadDim != c.HeadDim {
+		return fmt.Errorf("engine: pool shape %d layers x %d kv heads x %d dims does not fit model %d x %d x %d",
+			s.Layers, s.KVHeads, s.HeadDim, c.Layers, c.KVHeads, c.HeadDim)
+	}
+	return nil
+}
+
+// PoolShape is the kvpool shape for model m with pageSize-token pages.
+func PoolShape(m *model.Model, pageSize int) kvpool.Shape {
+	return kvpool.Shape{Layers: m.Config.Layers, KVHeads: m.Config.KVHeads, HeadDim: m.Config.HeadDim, PageSize: pageSize}
+}
+
+// Note is the I6 note when the context window was lowered to the pool
+// ("" otherwise); the caller logs it.
+func (w *DecodeWorker) Note() string { return w.note }
+
+// ContextWindow is the effective context window.
+func (w *DecodeWorker) ContextWindow() int { return w.window }
+
+// Receiver is this worker's data path, for the transports that connect
+// prefill workers to it.
+func (w *DecodeWorker) Receiver() link.Receiver {
+	return link.Receiver{Pool: w.cfg.Pool, Windows: w.windows, Auth: w.cfg.Auth}
+}
+
+// AddLink makes l the link to its peer (replacing an older one).
+func (w *DecodeWorker) AddLink(l link.Link) { w.in.put(op{kind: opLink, link: l}) }
+
+// Deliver implements link.Sink.
+func (w *DecodeWorker) Deliver(from transfer.PeerID, m transfer.Message) {
+	w.in.put(op{kind: opDeliver, from: from, msg: m})
+}
+
+// Landed implements link.Sink; a decode worker posts no writes.
+func (w *DecodeWorker) Landed(r link.Report) {
+	invariants.Assert(false, "engine: decode worker got a write report")
+}
+
+// Info implements Decoder.
+func (w *DecodeWorker) Info() WorkerInfo {
+	s := w.Stats()
+	w.mu.Lock()
+	closing := w.mu.closing
+	w.mu.Unlock()
+	name := w.cfg.Model.Config.Name
+	return WorkerInfo{
+		Role: "decode", Model: name, ContextWindow: w.window, PageSize: w.cfg.Pool.PageSize(),
+		PoolPages: w.cfg.Pool.Total(), PoolTokens: w.cfg.Pool.Tokens(), FreePages: s.Pool.Free,
+		Running: s.Running, Queued: s.Queued, MaxRunning: w.cfg.MaxRunning,
+		Peer: w.cfg.Self, TransferAddr: w.cfg.TransferAddr, Draining: closing,
+	}
+}
+
+// Stats returns a snapshot of the worker's gauges and counters.
+func (w *DecodeWorker) Stats() DecodeStats {
+	w.snapMu.Lock()
+	s := w.snap
+	w.snapMu.Unlock()
+	s.Pool = w.cfg.Pool.Stats()
+	s.PoolTokens = w.cfg.Pool.Tokens()
+	s.ContextWindow = w.window
+	for k := range s.Rejected {
+		s.Rejected[k] = w.rejected[k].Load()
+	}
+	return s
+}
+
+func (w *DecodeWorker) reject(err error) error {
+	w.rejected[reqerr.KindOf(err)].Add(1)
+	return err
+}
+
+// Generate implements Decoder.
+func (w *DecodeWorker) Generate(ctx context.Context, r *GenerateRequest) (TokenStream, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := w.validate(r); err != nil {
+		return nil, w.reject(err)
+	}
+	prompt := len(r.Prompt)
+	if prompt+r.MaxTokens > w.window {
+		// I3: refuse before anything is reserved. The machine still hears
+		// the Open so that it tells the prefill side (Reject), and reserves
+		// nothing for it either.
+		w.in.put(op{kind: opReject, msg: r.Open})
+		return nil, w.reject(&reqerr.ContextLengthError{Prompt: prompt, MaxTokens: r.MaxTokens, Limit: w.window})
+	}
+	w.mu.Lock()
+	switch {
+	case w.mu.closing:
+		w.mu.Unlock()
+		return nil, w.reject(reqerr.New(reqerr.KindShuttingDown, "decode worker %d is shutting down", w.cfg.Self))
+	case w.mu.waiting >= w.cfg.MaxQueue:
+		w.mu.Unlock()
+		return nil, w.reject(reqerr.New(reqerr.KindOverloaded, "decode worker %d: admission queue full (%d)", w.cfg.Self, w.cfg.MaxQueue))
+	}
+	w.mu.waiting++
+	w.mu.Unlock()
+	q := &dreq{req: r, room: r.Open.Room, prompt: prompt, stops: r.StopIDs}
+	q.stream = &stream{w: w, room: q.room, ch: make(chan TokenEvent, w.cfg.StreamBuffer), end: make(chan struct{})}
+	w.in.put(op{kind: opGenerate, gen: q})
+	return q.stream, nil
+}
+
+func (w *DecodeWorker) validate(r *GenerateRequest) error {
+	switch {
+	case r == nil || r.Open == nil:
+		return reqerr.New(reqerr.KindInvalidRequest, "generate request without a signed open")
+	case !w.cfg.Auth.Verify(r.Open):
+		return reqerr.New(reqerr.KindInvalidRequest, "room %v: open does not authenticate", r.Open.Room)
+	case len(r.Prompt) == 0 || len(r.Prompt) != int(r.Open.PromptTokens):
+		return reqerr.New(reqerr.KindInvalidRequest, "room %v: %d prompt tokens, the open says %d", r.Open.Room, len(r.Prompt), r.Open.PromptTokens)
+	case r.MaxTokens < 1 || r.MaxTokens != int(r.Open.MaxTokens):
+		return reqerr.New(reqerr.KindInvalidRequest, "room %v: max tokens %d, the open says %d", r.Open.Room, r.MaxTokens, r.Open.MaxTokens)
+	case r.TopLogprobs < 0 || r.TopLogprobs > 20:
+		return reqerr.New(reqerr.KindInvalidRequest, "top logprobs %d outside 0..20", r.TopLogprobs)
+	case r.Sampling.Temperature < 0 || r.Sampling.TopP < 0 || r.Sampling.TopP > 1:
+		return reqerr.New(reqerr.KindInvalidRequest, "sampling parameters out of range")
+	}
+	vocab := int32(w.cfg.Model.Config.Vocab)
+	for _, t := range r.Prompt {
+		if t < 0 || t >= vocab {
+			return reqerr.New(reqerr.KindInvalidRequest, "room %v: prompt token outside the vocabulary", r.Open.Room)
+		}
+	}
+	return nil
+}
+
+// Abort implements Decoder.
+func (w *DecodeWorker) Abort(m *transfer.Abort) {
+	if m == nil {
+		return
+	}
+	w.in.put(op{kind: opDeliver, from: w.cfg.Router, msg: m})
+}
+
+// Close stops taking work and shuts the worker down: requests still waiting
+// for admission fail with shutting_down at once; admitted ones run on until
+// they finish or ctx ends, when they are aborted (their pages go through the
+// normal release paths); then the driver waits, still bounded by ctx, for
+// the aborted transfers to drain. It returns ctx's error if it had to abort
+// or stop waiting, nil after a clean drain. Links are the caller's to close.
+func (w *DecodeWorker) Close(ctx context.Context) error {
+	w.mu.Lock()
+	already := w.mu.closing
+	w.mu.closing = true
+	w.mu.shutdownBy = ctx.Done()
+	w.mu.Unlock()
+	if already {
+		<-w.done
+		return nil
+	}
+	w.in.put(op{kind: opAbort}) // wake the driver to see closing
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+	}
+	w.in.put(op{kind: opAbort})
+	<-w.done
+	return ctx.Err()
+}
+
+// run is the driver goroutine.
+func (w *DecodeWorker) run() {
+	defer close(w.done)
+	defer w.d.ws.Close()
+	defer w.cancel()
+	t := time.NewTicker(w.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		w.drain()
+		select {
+		case <-t.C:
+			w.tick()
+		default:
+		}
+		if w.shutdownStep() {
+			w.publish()
+			return
+		}
+		w.admit()
+		stepped := w.step()
+		w.publish()
+		if stepped {
+			continue
+		}
+		select {
+		case <-w.in.wake:
+		case <-t.C:
+			w.tick()
+		}
+	}
+}
+
+func (w *DecodeWorker) tick() {
+	w.d.now++
+	w.apply(w.d.m.Tick(w.d.now))
+}
+
+// drain processes every pending input.
+func (w *DecodeWorker) drain() {
+	for {
+		ops := w.in.take(w.d.ops)
+		if len(ops) == 0 {
+			w.d.ops = ops
+			return
+		}
+		for i := range ops {
+			w.handle(&ops[i])
+			ops[i] = op{}
+		}
+		w.d.ops = ops
+	}
+}
+
+func (w *DecodeWorker) handle(o *op) {
+	d := &w.d
+	switch o.kind {
+	case opLink:
+		d.links[o.link.Peer()] = o.link
+	case opDeliver:
+		if a, ok := o.msg.(*transfer.Abort); ok {
+			if q := d.reqs[a.Room]; q != nil && q.state == dsQueued {
+				w.endQueued(q, reqerr.New(reqerr.KindAborted, "room %v aborted before admission", q.room))
+			}
+		}
+		w.apply(d.m.Step(o.from, o.msg))
+	case opReject:
+		w.apply(d.m.Step(w.cfg.Router, o.msg))
+	case opGenerate:
+		q := o.gen
+		if _, dup := d.reqs[q.room]; dup || d.closing {
+			w.unwait()
+			err := reqerr.New(reqerr.KindInvalidRequest, "room %v is already in use", q.room)
+			if d.closing {
+				err = reqerr.New(reqerr.KindShuttingDown, "decode worker %d is shutting down", w.cfg.Self)
+			}
+			w.rejected[reqerr.KindOf(err)].Add(1)
+			q.stream.finish(err)
+			return
+		}
+		d.reqs[q.room] = q
+		d.fair.push(q.req.Tenant, q)
+	case opClose:
+		q := d.reqs[o.room]
+		if q == nil {
+			return
+		}
+		err := reqerr.New(reqerr.KindAborted, "room %v: stream closed", q.room)
+		switch q.state {
+		case dsQueued:
+			w.endQueued(q, err)
+		case dsOpened:
+			w.apply(d.m.Abort(q.room, reqerr.KindAborted))
+			if d.reqs[q.room] == q { // no Fail came back: the room is gone already
+				w.endOpened(q, err)
+			}
+		case dsActive:
+			w.endActive(q, "", err)
+		}
+	case opAbort:
+		// Close woke the driver; shutdownStep does the work.
+	}
+}
+
+// apply acts on a machine call's outputs, in order, then makes the Finish
+// calls they owed.
+func (w *DecodeWorker) apply(outs []transfer.Output) {
+	d := &w.d
+	for {
+		for _, o := range outs {
+			w.output(o)
+		}
+		if len(d.later) == 0 {
+			return
+		}
+		room := d.later[0]
+		d.later = d.later[1:]
+		outs = d.m.Finish(room)
+	}
+}
+
+func (w *DecodeWorker) output(o transfer.Output) {
+	d := &w.d
+	switch o := o.(type) {
+	case transfer.Send:
+		l := d.links[o.To]
+		if l == nil {
+			w.cfg.Log.Warn("no link to peer; message dropped", "peer", o.To, "type", o.Msg.Type())
+			return
+		}
+		if err := l.Send(w.ctx, o.Msg); err != nil {
+			w.cfg.Log.Info("send failed", "peer", o.To, "type", o.Msg.Type(), "err", err)
+		}
+	case transfer.StartDecode:
+		q := d.reqs[o.Room]
+		if q == nil || q.state != dsOpened {
+			// Nobody waits for it (cannot happen: a closed stream aborts
+			// the room first); give the pages back.
+			d.later = append(d.later, o.Room)
+			return
+		}
+		w.start(q, o)
+	case transfer.Fail:
+		q := d.reqs[o.Room]
+		if q == nil {
+			return
+		}
+		switch q.state {
+		case dsQueued:
+			w.endQueued(q, o.Err)
+		case dsOpened:
+			w.endOpened(q, o.Err)
+		case dsActive:
+			w.endActive(q, "", o.Err)
+		}
+	case transfer.PagesQuarantined, transfer.PagesDeferred, transfer.PagesReleased,
+		transfer.OpenWindow, transfer.RevokeWindow:
+		// Applied by the machine; counted in its stats.
+	default:
+		w.cfg.Log.Debug("decode machine", "output", o.String())
+	}
+}
+
+// admit moves requests from the fair queue into the machine while pages and
+// running slots allow. A request is admitted only when every page it can
+// ever need (prompt + max_tokens) is free: the growth pages are reserved
+// here, the prompt pages are allocated by the machine in the same step, so
+// an admitted request never waits for pages again.
+func (w *DecodeWorker) admit() {
+	d := &w.d
+	ps := w.cfg.Pool.PageSize()
+	for d.running < w.cfg.MaxRunning && !d.closing {
+		q := d.fair.peek()
+		if q == nil {
+			return
+		}
+		promptPages := ceilDiv(q.prompt, ps)
+		need := ceilDiv(q.prompt+q.req.MaxTokens, ps)
+		if w.cfg.Pool.Counts().Free < need {
+			return // strict turn: the tenant at the head waits, nobody overtakes it
+		}
+		d.fair.pop()
+		w.unwait()
+		growth, err := w.cfg.Pool.Alloc(q.room, need-promptPages, nil)
+		invariants.Assert(err == nil, "engine: growth pages not free after the check")
+		q.growth = growth
+		q.state = dsOpened
+		d.running++
+		w.apply(d.m.Step(w.cfg.Router, q.req.Open))
+		if d.reqs[q.room] == q && q.state == dsOpened {
+			if _, live := d.m.State(q.room); !live {
+				// Dropped without a Fail (an abort overtook the Open).
+				w.endOpened(q, reqerr.New(reqerr.KindAborted, "room %v was aborted before it opened", q.room))
+			}
+		}
+	}
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+func (w *DecodeWorker) unwait() {
+	w.mu.Lock()
+	w.mu.waiting--
+	w.mu.Unlock()
+}
+
+// endQueued ends a request that holds nothing.
+func (w *DecodeWorker) endQueued(q *dreq, err error) {
+	w.d.fair.remove(q)
+	w.unwait()
+	delete(w.d.reqs, q.room)
+	w.d.stats.Failed[reqerr.KindOf(err)]++
+	q.stream.finish(err)
+}
+
+// endOpened ends a request whose room the machine has closed (or holds
+// under deferred release): only the growth pages are the engine's.
+func (w *DecodeWorker) endOpened(q *dreq, err error) {
+	w.cfg.Pool.Free(q.room, q.growth)
+	q.growth = nil
+	w.d.running--
+	delete(w.d.reqs, q.room)
+	w.d.stats.Failed[reqerr.KindOf(err)]++
+	q.stream.finish(err)
+}
+
+// endActive ends a decoding sequence: with finish set it ended normally
+// (its last event is already in the stream), else with err.
+func (w *DecodeWorker) endActive(q *dreq, finish string, err error) {
+	d := &w.d
+	w.cfg.Pool.Free(q.room, q.growth)
+	q.growth = nil
+	d.running--
+	delete(d.reqs, q.room)
+	if i := slices.Index(d.active, q); i >= 0 {
+		d.active = slices.Delete(d.active, i, i+1)
+	}
+	d.later = append(d.later, q.room)
+	if finish == "" {
+		d.stats.Failed[reqerr.KindOf(err)]++
+	}
+	q.stream.finish(err)
+}
+
+// start makes a verified transfer a decoding sequence.
+func (w *DecodeWorker) start(q *dreq, o transfer.StartDecode) {
+	d := &w.d
+	q.state = dsActive
+	q.pages = append(slices.Clone(o.Pages), q.growth...)
+	q.stamped = len(o.Pages)
+	q.first = o.FirstToken
+	d.active = append(d.active, q)
+	r := q.req
+	if r.Logprobs || r.TopLogprobs > 0 {
+		// The prefill side sampled the first token; recompute the last
+		// prompt position (its KV is rewritten bit-identically) for its
+		// logprobs.
+		q.lpOwed = true
+		q.pos = q.prompt - 1
+		q.tok[0], q.tok[1] = r.Prompt[q.prompt-1], o.FirstToken
+		q.ntok = 2
+		if w.isLast(q, o.FirstToken, 1) != "" {
+			q.ntok = 1
+		}
+		return
+	}
+	w.emit(q, choice{id: o.FirstToken})
+}
+
+// isLast says whether the gen-th generated token tok ends the request.
+func (w *DecodeWorker) isLast(q *dreq, tok int32, gen int) string {
+	if slices.Contains(q.stops, tok) || (w.cfg.Model.Tok != nil && w.cfg.Model.Tok.IsEOG(tok)) {
+		return FinishStop
+	}
+	if gen >= q.req.MaxTokens {
+		return FinishLength
+	}
+	return ""
+}
+
+// emit sends a generated token to the stream and ends the sequence when it
+// is the last.
+func (w *DecodeWorker) emit(q *dreq, c choice) {
+	q.gen++
+	w.d.stats.GeneratedTokens++
+	fin := w.isLast(q, c.id, q.gen)
+	ev := TokenEvent{ID: c.id, Finish: fin}
+	if q.req.Logprobs || q.req.TopLogprobs > 0 {
+		ev.Logprob, ev.Top = c.logprob, c.top
+	}
+	// The driver never blocks on a client: a sequence only steps when its
+	// stream has room (see step), and the first event goes to an empty one.
+	select {
+	case q.stream.ch <- ev:
+	default:
+		invariants.Assert(false, "engine: stream buffer full at emit")
+	}
+	if fin != "" {
+		w.endActive(q, fin, nil)
+		return
+	}
+	q.pos = q.prompt + q.gen - 1
+	q.tok[0] = c.id
+	q.ntok = 1
+}
+
+// step runs one forward call over every active sequence that can take a
+// token, and reports whether it ran.
+func (w *DecodeWorker) step() bool {
+	d := &w.d
+	if len(d.active) == 0 {
+		return false
+	}
+	ps := w.cfg.Pool.PageSize()
+	d.batch, d.inBatch = d.batch[:0], d.inBatch[:0]
+	for _, q := range slices.Clone(d.active) {
+		if len(q.stream.ch) >= cap(q.stream.ch)-1 {
+			continue // the client is behind; this sequence waits
+		}
+		last := q.pos + q.ntok - 1
+		n := last/ps + 1 // pages covering the chunk
+		for ; q.stamped < n; q.stamped++ {
+			// A growth page becomes this sequence's page when its first
+			// slot is written: stamp its fence so reads can verify it.
+			w.cfg.Pool.Stamp(q.pages[q.stamped], uint32(q.stamped), 0)
+		}
+		if !w.cfg.NoFenceCheck {
+			if err := w.cfg.Pool.VerifyFences(q.room, q.pages[:n]); err != nil {
+				d.stats.FenceFailures++
+				w.cfg.Log.Error("fence mismatch before a decode step; request failed", "room", q.room, "err", err)
+				w.endActive(q, "", reqerr.New(reqerr.KindIntegrity, "room %v: %v", q.room, err))
+				continue
+			}
+		}
+		mode := model.LogitsLast
+		if q.ntok == 2 {
+			mode = model.LogitsAll
+		}
+		d.batch = append(d.batch, model.Seq{Tokens: q.tok[:q.ntok], Pos: q.pos, Pages: q.pages[:n], Logits: mode})
+		d.inBatch = append(d.inBatch, q)
+	}
+	if len(d.later) > 0 {
+		w.apply(nil)
+	}
+	if len(d.batch) == 0 {
+		return false
+	}
+	if err := w.cfg.Model.Forward(d.ws, w.cfg.Pool, d.batch); err != nil {
+		// A batch the engine built wrong: fail the requests, loudly.
+		w.cfg.Log.Error("decode forward refused", "err", err)
+		for _, q := range d.inBatch {
+			w.endActive(q, "", reqerr.New(reqerr.KindInternal, "decode step failed"))
+		}
+		w.apply(nil)
+		return true
+	}
+	d.stats.Steps++
+	for i, q := range d.inBatch {
+		r := q.req
+		lp := r.Logprobs || r.TopLogprobs > 0
+		if q.lpOwed {
+			q.lpOwed = false
+			c := d.smp.pick(d.ws.Logits(i, 0), r.Sampling, 0, lp, r.TopLogprobs)
+			c.id = q.first // the prefill side's choice stands
+			c.logprob = logprobOf(d.ws.Logits(i, 0), q.first)
+			w.emit(q, c)
+			if q.state != dsActive {
+				continue
+			}
+			if len(d.batch[i].Tokens) == 1 {
+				continue
+			}
+			w.emit(q, d.smp.pick(d.ws.Logits(i, 1), r.Sampling, uint64(q.gen), lp, r.TopLogprobs))
+			continue
+		}
+		w.emit(q, d.smp.pick(d.ws.Logits(i, 0), r.Sampling, uint64(q.gen), lp, r.TopLogprobs))
+	}
+	w.apply(nil)
+	return true
+}
+
+func logprobOf(logits []float32, id int32) float32 {
+	return float32(float64(logits[id]) - logSumExp(logits))
+}
+
+// shutdownStep runs the shutdown phases; it reports true when the driver
+// should exit.
+func (w *DecodeWorker) shutdownStep() bool {
+	d := &w.d
+	w.mu.Lock()
+	closing, by := w.mu.closing, w.mu.shutdownBy
+	w.mu.Unlock()
+	if !closing {
+		return false
+	}
+	if !d.closing {
+		d.closing = true
+		for _, q := range d.fair.all() {
+			w.endQueued(q, reqerr.New(reqerr.KindShuttingDown, "decode worker %d is shutting down", w.cfg.Self))
+		}
+	}
+	expired := false
+	select {
+	case <-by:
+		expired = true
+	default:
+	}
+	if expired && !d.abortAt {
+		d.abortAt = true
+		for _, q := range mapValues(d.reqs) {
+			err := reqerr.New(reqerr.KindShuttingDown, "room %v: worker shutting down", q.room)
+			switch q.state {
+			case dsOpened:
+				w.apply(d.m.Abort(q.room, reqerr.KindShuttingDown))
+				if d.reqs[q.room] == q {
+					w.endOpened(q, err)
+				}
+			case dsActive:
+				w.endActive(q, "", err)
+				w.apply(nil)
+			}
+		}
+	}
+	if len(d.reqs) > 0 {
+		return false
+	}
+	// Requests are over; wait for aborted transfers to drain unless the
+	// deadline passed.
+	return d.m.Rooms() == 0 || expired
+}
+
+func mapValues[K comparable, V any](m map[K]V) []V {
+	out := make([]V, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+// publish copies the driver's gauges and counters for Stats.
+func (w *DecodeWorker) publish() {
+	d := &w.d
+	d.stats.Running = d.running
+	d.stats.Active = len(d.active)
+	d.stats.Queued = d.fair.len()
+	d.stats.Machine = d.m.Stats()
+	d.stats.DeferredDrained = d.stats.Machine.DrainedReleases
+	d.stats.DeferredTimeout = d.stats.Machine.TimeoutQuarantines
+	d.stats.IntegrityFailures = d.stats.Machine.IntegrityFailures
+	w.snapMu.Lock()
+	w.snap = d.stats
+	w.snapMu.Unlock()
+}
+
+// stream is a TokenStream fed by the driver.
+type stream struct {
+	w    *DecodeWorker
+	room transfer.RoomID
+	ch   chan TokenEvent
+	end  chan struct{} // closed by the driver once err is set and no event follows
+	err  error         // written before end is closed; nil means io.EOF
+	// sticky is the consumer's own state (one goroutine).
+	sticky error
+	closed atomic.Bool
+}
+
+// finish is called by the driver, once.
+func (s *stream) finish(err error) {
+	s.err = err
+	close(s.end)
+}
+
+// Next implements TokenStream.
+func (s *stream) Next(ctx context.Context) (TokenEvent, error) {
+	if s.sticky != nil {
+		return TokenEvent{}, s.sticky
+	}
+	select {
+	case ev := <-s.ch:
+		return ev, nil
+	default:
+	}
+	select {
+	case ev := <-s.ch:
+		return ev, nil
+	case <-s.end:
+		select {
+		case ev := <-s.ch:
+			return ev, nil
+		default:
+		}
+		s.sticky = s.err
+		if s.sticky == nil {
+			s.sticky = io.EOF
+		}
+		return TokenEvent{}, s.sticky
+	case <-ctx.Done():
+		return TokenEvent{}, ctx.Err()
+	}
+}
+
+// Close implements TokenStream.
+func (s *stream) Close() {
+	if s.closed.Swap(true) {
+		return
+	}
+	select {
+	case <-s.end:
+		return // already over: nothing to release
+	default:
+	}
+	s.w.in.put(op{kind: opClose, room: s.room})
+}
