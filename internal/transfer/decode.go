@@ -376,6 +376,17 @@ func (d *DecodeMachine) verify(r *droom, m *Done) error {
 }
 
 func (d *DecodeMachine) reject(from PeerID, m *Reject) {
+	if _, ok := d.rooms[m.Room]; !ok {
+		if _, closed := d.closed.has(m.Room); !closed {
+			// The prefill side refused before the Open arrived here. The
+			// request ends now, with the prefill side's original error
+			// (I3), and the room is remembered as closed so that the Open,
+			// when it comes, reserves nothing.
+			d.closed.add(m.Room, bit(TypeReject))
+			d.fail(m.Room, m.Err())
+			return
+		}
+	}
 	r := d.live(from, m, true)
 	if r == nil {
 		return

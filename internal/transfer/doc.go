@@ -35,6 +35,8 @@
 //
 //	(none)      --Open, cannot ever fit----------> Fail(ContextLengthError), Reject to prefill; nothing reserved (I3)
 //	(none)      --Open, fits---------------------> Queued
+//	(none)      --Reject (overtook the Open)-----> closed: Fail with the prefill side's error; a later Open reserves nothing
+//	(none)      --Abort (overtook the Open)------> closed: a later Open reserves nothing
 //	Queued      --pages free---------------------> Granted: alloc (epoch++), open window, send Grant
 //	Queued      --Abort / Reject / Drained-------> closed, Fail
 //	Granted     --Done, verified-----------------> Active: revoke window, StartDecode

@@ -327,6 +327,9 @@ func (c *conn) land(w *transfer.Write) error {
 		return protocolError{malformed("a Write frame for a side without a receiver")}
 	}
 	c.recvSeq++
+	if l.cfg.testHookLand != nil {
+		l.cfg.testHookLand()
+	}
 	auth := rc.Auth
 	if auth == nil {
 		auth = l.cfg.auth

@@ -60,6 +60,9 @@ type config struct {
 	Config
 	auth *transfer.Auth
 	log  *slog.Logger
+	// testHookLand, when set, runs in the receiver before each write lands
+	// (tests stall the receiver with it).
+	testHookLand func()
 }
 
 func (c Config) resolve() (*config, error) {
