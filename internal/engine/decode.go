@@ -95,8 +95,8 @@ type DecodeWorker struct {
 	// mu guards the admission bookkeeping shared with Generate and Close.
 	mu struct {
 		sync.Mutex
-		waiting int  // requests handed to the driver and not yet admitted or ended
-		closing bool // Close was called: no new work
+		waiting    int  // requests handed to the driver and not yet admitted or ended
+		closing    bool // Close was called: no new work
 		shutdownBy <-chan struct{}
 	}
 	rejected [reqerr.KindInternal + 1]atomic.Uint64
@@ -138,20 +138,20 @@ const (
 
 // dreq is one generation request inside the decode worker.
 type dreq struct {
-	req    *GenerateRequest
-	room   transfer.RoomID
-	state  dstate
-	stream *stream
-	growth []int32 // pages for generated tokens, reserved at admission
-	pages  []int32 // page table once active: prompt pages then growth
-	prompt int
-	pos    int     // position of next[0] (the last emitted token, not yet in KV)
-	tok    [2]int32 // the chunk fed at the next step
-	ntok   int
-	gen    int  // tokens emitted so far
-	lpOwed bool // the first token's logprobs are still to compute
-	first  int32
-	stops  []int32
+	req     *GenerateRequest
+	room    transfer.RoomID
+	state   dstate
+	stream  *stream
+	growth  []int32 // pages for generated tokens, reserved at admission
+	pages   []int32 // page table once active: prompt pages then growth
+	prompt  int
+	pos     int      // position of next[0] (the last emitted token, not yet in KV)
+	tok     [2]int32 // the chunk fed at the next step
+	ntok    int
+	gen     int  // tokens emitted so far
+	lpOwed  bool // the first token's logprobs are still to compute
+	first   int32
+	stops   []int32
 	stamped int // pages of the table whose headers carry this room's fence
 }
 

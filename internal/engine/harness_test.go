@@ -1,0 +1,283 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvfence/kvfence/internal/gguf"
+	"github.com/kvfence/kvfence/internal/kvpool"
+	"github.com/kvfence/kvfence/internal/model"
+	"github.com/kvfence/kvfence/internal/modelbuild"
+	"github.com/kvfence/kvfence/internal/tokenizer"
+	"github.com/kvfence/kvfence/internal/transfer"
+	"github.com/kvfence/kvfence/internal/transfer/inproc"
+)
+
+const (
+	prefillID transfer.PeerID = 1
+	decodeID  transfer.PeerID = 2
+)
+
+var secret = []byte("kvfence engine test secret, 32 bytes")
+
+// tinyTokenizer is a byte-level BPE vocabulary of 256 bytes, a few merges and
+// three control tokens, the last of which ends generation.
+func tinyTokenizer() tokenizer.Config {
+	var toks []string
+	var types []int32
+	shift := 0
+	for b := range 256 {
+		r := rune(b)
+		if !(b >= '!' && b <= '~' || b >= 0xa1 && b <= 0xac || b >= 0xae) {
+			r = rune(256 + shift)
+			shift++
+		}
+		toks = append(toks, string(r))
+		types = append(types, tokenizer.TypeNormal)
+	}
+	merges := []string{"Ġ t", "h e", "Ġt he", "i n"}
+	for _, m := range merges {
+		toks = append(toks, strings.ReplaceAll(m, " ", ""))
+		types = append(types, tokenizer.TypeNormal)
+	}
+	for _, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
+		toks = append(toks, s)
+		types = append(types, tokenizer.TypeControl)
+	}
+	n := int32(len(toks))
+	return tokenizer.Config{Model: "gpt2", Pre: "qwen2", Tokens: toks, Types: types, Merges: merges,
+		BOS: n - 3, EOS: n - 1, EOT: n - 1, PAD: n - 3, UNK: -1}
+}
+
+var (
+	modelOnce sync.Once
+	modelPath string
+	modelErr  error
+)
+
+// tinyModel loads a 2-layer qwen3 model with random weights, built once
+// per test binary.
+func tinyModel(t testing.TB) *model.Model {
+	t.Helper()
+	modelOnce.Do(func() {
+		dir, err := mkdirTemp()
+		if err != nil {
+			modelErr = err
+			return
+		}
+		modelPath = filepath.Join(dir, "tiny.gguf")
+		modelErr = modelbuild.Write(modelbuild.Options{
+			Arch: "qwen3", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 96, Ctx: 512,
+			Type: gguf.TypeF32, Seed: 11, Tokenizer: tinyTokenizer(), Name: "tiny-qwen3",
+		}, modelPath)
+	})
+	if modelErr != nil {
+		t.Fatal(modelErr)
+	}
+	m, err := model.Load(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+type pd struct {
+	t      testing.TB
+	m      *model.Model
+	auth   *transfer.Auth
+	dpool  *kvpool.Pool
+	ppool  *kvpool.Pool
+	dw     *DecodeWorker
+	pw     *PrefillWorker
+	pair   *inproc.Pair
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+type pdOptions struct {
+	pageSize     int
+	decodePages  int
+	prefillPages int
+	chunk        int
+	maxRunning   int
+	streamBuffer int
+	window       int
+	drainTimeout int64
+}
+
+func newPD(t testing.TB, o pdOptions) *pd {
+	t.Helper()
+	m := tinyModel(t)
+	auth, err := transfer.NewAuth(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(pages int) *kvpool.Pool {
+		p, err := kvpool.New(kvpool.Config{Shape: PoolShape(m, o.pageSize), Pages: pages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	h := &pd{t: t, m: m, auth: auth, dpool: mk(o.decodePages), ppool: mk(o.prefillPages)}
+	h.dw, err = NewDecodeWorker(DecodeConfig{Model: m, Pool: h.dpool, Auth: auth, Self: decodeID,
+		ContextWindow: o.window, LowerWindow: true, MaxRunning: o.maxRunning, StreamBuffer: o.streamBuffer,
+		Threads: 1, TickInterval: time.Millisecond, DrainTimeout: o.drainTimeout, KeyBase: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.pw, err = NewPrefillWorker(PrefillConfig{Model: m, Pool: h.ppool, Auth: auth, Self: prefillID,
+		ContextWindow: o.window, LowerWindow: true, ChunkSize: o.chunk, Threads: 1, TickInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.pair = inproc.New(inproc.Config{Auth: auth, QueueLen: 8},
+		inproc.Side{ID: prefillID, Sink: h.pw}, inproc.Side{ID: decodeID, Sink: h.dw}, h.dw.Receiver())
+	h.pw.AddLink(h.pair.Prefill())
+	h.dw.AddLink(h.pair.Decode())
+	h.ctx, h.cancel = context.WithTimeout(context.Background(), 50*time.Second)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h.dw.Close(ctx)
+		h.pw.Close(ctx)
+		h.pair.Prefill().Close()
+		h.cancel()
+	})
+	return h
+}
+
+// req is one request as the router would make it.
+type req struct {
+	tenant   string
+	prompt   []int32
+	max      int
+	sampling Sampling
+	logprobs bool
+	top      int
+	room     transfer.RoomID
+}
+
+func (h *pd) open(r *req) (*GenerateRequest, *PrefillRequest) {
+	if r.room == (transfer.RoomID{}) {
+		rand.Read(r.room[:])
+	}
+	o := &transfer.Open{Envelope: transfer.Envelope{Room: r.room}, Prefill: prefillID, PromptTokens: uint32(len(r.prompt)), MaxTokens: uint32(r.max)}
+	h.auth.Sign(o)
+	p := &transfer.Prefill{Envelope: transfer.Envelope{Room: r.room}, Decode: decodeID, PromptTokens: uint32(len(r.prompt)), MaxTokens: uint32(r.max)}
+	h.auth.Sign(p)
+	return &GenerateRequest{Open: o, Tenant: r.tenant, Prompt: r.prompt, MaxTokens: r.max, Sampling: r.sampling, Logprobs: r.logprobs, TopLogprobs: r.top},
+		&PrefillRequest{Prefill: p, Tenant: r.tenant, Prompt: r.prompt, Sampling: r.sampling}
+}
+
+func (h *pd) abortMsg(room transfer.RoomID) *transfer.Abort {
+	a := &transfer.Abort{Envelope: transfer.Envelope{Room: room}, Reason: 7, Decode: decodeID}
+	h.auth.Sign(a)
+	return a
+}
+
+// result is what a client saw.
+type result struct {
+	events  []TokenEvent
+	err     error // the stream's error (nil after io.EOF)
+	prefErr error
+}
+
+func (r result) ids() []int32 {
+	var ids []int32
+	for _, e := range r.events {
+		ids = append(ids, e.ID)
+	}
+	return ids
+}
+
+// run sends r through decode and prefill and reads the stream to its end.
+func (h *pd) run(r *req) result {
+	g, p := h.open(r)
+	s, err := h.dw.Generate(h.ctx, g)
+	if err != nil {
+		return result{err: err}
+	}
+	defer s.Close()
+	perr := make(chan error, 1)
+	go func() { perr <- h.pw.Prefill(h.ctx, p) }()
+	var res result
+	for {
+		ev, err := s.Next(h.ctx)
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				res.err = err
+			}
+			break
+		}
+		res.events = append(res.events, ev)
+	}
+	res.prefErr = <-perr
+	return res
+}
+
+// waitRest waits until both pools are at rest (I5): nothing allocated or
+// deferred.
+func (h *pd) waitRest() {
+	h.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		d, p := h.dpool.Counts(), h.ppool.Counts()
+		if d.Allocated == 0 && d.Deferred == 0 && p.Allocated == 0 && p.Deferred == 0 {
+			if d.Free+d.Quarantined != d.Total {
+				h.t.Fatalf("decode pool accounting: %+v", d)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("pools not at rest: decode %+v prefill %+v", d, p)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// reference generates greedily for prompt alone, with a plain store and one
+// forward call per token: what I7 compares against.
+func reference(t testing.TB, m *model.Model, prompt []int32, max int, stops []int32) []int32 {
+	t.Helper()
+	const ps = 16
+	pages := (len(prompt)+max)/ps + 1
+	store := model.NewSliceStore(m.Config, ps, pages)
+	table := make([]int32, pages)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	ws := m.NewWorkspace(len(prompt), 1, 1)
+	defer ws.Close()
+	var out []int32
+	toks, pos := prompt, 0
+	for {
+		if err := m.Forward(ws, store, []model.Seq{{Tokens: toks, Pos: pos, Pages: table, Logits: model.LogitsLast}}); err != nil {
+			t.Fatal(err)
+		}
+		next := argmax(ws.Logits(0, 0))
+		out = append(out, next)
+		if len(out) == max || m.Tok.IsEOG(next) || containsID(stops, next) {
+			return out
+		}
+		pos += len(toks)
+		toks = []int32{next}
+	}
+}
+
+func containsID(s []int32, id int32) bool {
+	for _, v := range s {
+		if v == id {
+			return true
+		}
+	}
+	return false
+}
