@@ -28,7 +28,8 @@ type gen struct {
 	tokens      int  // tokens received from the stream
 	headersSent bool // streaming: the 200 and the SSE headers are out
 
-	buf  []byte   // reused for every chunk
+	buf  []byte // reused for every chunk
+	rc   *http.ResponseController
 	one  [1]Token // the token of a streamed chunk's logprobs, without allocating
 	off  [1]int
 	sent int // streaming: bytes of text sent, the next completions text_offset
@@ -174,7 +175,10 @@ func (g *gen) send(b []byte) bool {
 		g.clientGone()
 		return false
 	}
-	if err := http.NewResponseController(g.w).Flush(); err != nil {
+	if g.rc == nil {
+		g.rc = http.NewResponseController(g.w)
+	}
+	if err := g.rc.Flush(); err != nil {
 		g.clientGone()
 		return false
 	}
