@@ -1,0 +1,133 @@
+package model
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/kvfence/kvfence/internal/gguf"
+	"github.com/kvfence/kvfence/internal/modelbuild"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if presetDir != "" {
+		os.RemoveAll(presetDir)
+	}
+	os.Exit(code)
+}
+
+// The qwen3-0.6b preset files are built once per test process, on first
+// use, into presetDir (removed by TestMain).
+var (
+	presetMu    sync.Mutex
+	presetDir   string
+	presetFiles = map[gguf.TensorType]string{}
+)
+
+func presetModel(b *testing.B, typ gguf.TensorType) *Model {
+	b.Helper()
+	if testing.Short() {
+		b.Skip("the qwen3-0.6b preset is large; skipped with -short")
+	}
+	presetMu.Lock()
+	defer presetMu.Unlock()
+	path, ok := presetFiles[typ]
+	if !ok {
+		if presetDir == "" {
+			d, err := os.MkdirTemp("", "kvfence-model-bench-")
+			if err != nil {
+				b.Fatal(err)
+			}
+			presetDir = d
+		}
+		o, err := modelbuild.Preset("qwen3-0.6b")
+		if err != nil {
+			b.Fatal(err)
+		}
+		o.Type = typ
+		path = filepath.Join(presetDir, "qwen3-0.6b-"+typ.String()+".gguf")
+		if err := modelbuild.Write(o, path); err != nil {
+			b.Fatal(err)
+		}
+		presetFiles[typ] = path
+	}
+	m, err := Load(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Close() })
+	return m
+}
+
+// BenchmarkPrefill512 is one 512-token prefill chunk, logits for the last
+// token only.
+func BenchmarkPrefill512(b *testing.B) {
+	for _, typ := range []gguf.TensorType{gguf.TypeQ8_0, gguf.TypeF16} {
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%v/threads=%d", typ, threads), func(b *testing.B) {
+				m := presetModel(b, typ)
+				const n = 512
+				kv := NewSliceStore(m.Config, 64, n/64)
+				pages := make([]int32, n/64)
+				for i := range pages {
+					pages[i] = int32(i)
+				}
+				tokens := make([]int32, n)
+				for i := range tokens {
+					tokens[i] = int32(i * 37 % 151000)
+				}
+				ws := m.NewWorkspace(n, 1, threads)
+				defer ws.Close()
+				batch := []Seq{{Tokens: tokens, Pages: pages, Logits: LogitsLast}}
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := m.Forward(ws, kv, batch); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tok/s")
+			})
+		}
+	}
+}
+
+// BenchmarkDecode is one decode step of a batch of sequences, each at
+// position 256 (their earlier K/V are zeros: the cost of attention over 256
+// positions is what matters here, not what it reads).
+func BenchmarkDecode(b *testing.B) {
+	const pos = 256
+	for _, typ := range []gguf.TensorType{gguf.TypeQ8_0, gguf.TypeF16} {
+		for _, batchSize := range []int{1, 8} {
+			for _, threads := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%v/batch=%d/threads=%d", typ, batchSize, threads), func(b *testing.B) {
+					m := presetModel(b, typ)
+					perSeq := pos/64 + 1
+					kv := NewSliceStore(m.Config, 64, perSeq*batchSize)
+					var batch []Seq
+					for s := range batchSize {
+						pages := make([]int32, perSeq)
+						for i := range pages {
+							pages[i] = int32(s*perSeq + i)
+						}
+						batch = append(batch, Seq{Tokens: []int32{int32(1000 + s)}, Pos: pos, Pages: pages, Logits: LogitsLast})
+					}
+					ws := m.NewWorkspace(batchSize, batchSize, threads)
+					defer ws.Close()
+					if err := m.Forward(ws, kv, batch); err != nil { // warm up: grow scratch to this context
+						b.Fatal(err)
+					}
+					b.ReportAllocs()
+					for b.Loop() {
+						if err := m.Forward(ws, kv, batch); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(batchSize*b.N)/b.Elapsed().Seconds(), "tok/s")
+				})
+			}
+		}
+	}
+}
