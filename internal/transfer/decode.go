@@ -40,8 +40,9 @@ type DecodeConfig struct {
 	// ContextWindow is the most tokens a request may use (prompt +
 	// max_tokens); admission also limits requests to the pool's tokens.
 	ContextWindow int
-	// MaxRooms bounds live rooms (every state); an Open beyond it is
-	// rejected as overloaded. Default 1024.
+	// MaxRooms bounds live rooms (every state, quarantined included: a
+	// prefill peer that never reconnects keeps its quarantined rooms until
+	// it does); an Open beyond it is rejected as overloaded. Default 1024.
 	MaxRooms int
 	// MaxQueue bounds rooms waiting for pages. Default 256.
 	MaxQueue int
@@ -235,10 +236,9 @@ func (d *DecodeMachine) open(from PeerID, m *Open) {
 	ps := d.cfg.Pool.PageSize()
 	r.need = (prompt + ps - 1) / ps
 	limit := min(d.cfg.ContextWindow, d.cfg.Pool.Tokens())
+	// The request's own limits come first, so that a request that can
+	// never fit gets its original error even when the worker is busy.
 	switch {
-	case len(d.rooms) >= d.cfg.MaxRooms:
-		d.rejectOpen(r, &Reject{Kind: reqerr.KindOverloaded})
-		return
 	case d.cfg.NoAdmissionBeforeReservation:
 		// Unsafe: reserve for the whole prompt whatever it is, as far as
 		// the pool goes (the "rejected but alive" decode side).
@@ -250,7 +250,7 @@ func (d *DecodeMachine) open(from PeerID, m *Open) {
 		d.rejectOpen(r, &Reject{Kind: reqerr.KindContextLength, Prompt: m.PromptTokens, MaxTokens: m.MaxTokens, Limit: uint32(limit)})
 		return
 	}
-	if len(d.queue) >= d.cfg.MaxQueue {
+	if len(d.rooms) >= d.cfg.MaxRooms || len(d.queue) >= d.cfg.MaxQueue {
 		d.rejectOpen(r, &Reject{Kind: reqerr.KindOverloaded})
 		return
 	}

@@ -238,3 +238,30 @@ func TestDropsAreCounted(t *testing.T) {
 		t.Errorf("counters: %+v", st.Dropped)
 	}
 }
+
+func TestOriginalErrorBeforeOverload(t *testing.T) {
+	auth := testAuth(t)
+	pool, _ := kvpool.New(kvpool.Config{Shape: testShape, Pages: 4})
+	d, err := NewDecodeMachine(DecodeConfig{Self: peerDecode, Pool: pool, Windows: NewWindowTable(0), Auth: auth,
+		ContextWindow: 16, MaxRooms: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(room byte, prompt uint32) reqerr.Kind {
+		m := &Open{Envelope: Envelope{Room: RoomID{room}}, Prefill: peerPrefill, PromptTokens: prompt, MaxTokens: 1}
+		auth.Sign(m)
+		if f, ok := find[Fail](d.Step(peerRouter, m)); ok {
+			return reqerr.KindOf(f.Err)
+		}
+		return reqerr.KindUnknown
+	}
+	if k := open(1, 4); k != reqerr.KindUnknown {
+		t.Fatalf("first open failed: %v", k)
+	}
+	if k := open(2, 40); k != reqerr.KindContextLength {
+		t.Errorf("too long while full: %v, want context_length_exceeded", k)
+	}
+	if k := open(3, 4); k != reqerr.KindOverloaded {
+		t.Errorf("fits but full: %v, want overloaded", k)
+	}
+}

@@ -284,21 +284,30 @@ func (p *PrefillMachine) prefill(from PeerID, m *Prefill) {
 	case r != nil && r.decode != m.Decode:
 		p.drop(from, m, DropWrongPeer)
 		return
-	case r == nil && len(p.rooms) >= p.cfg.MaxRooms:
+	}
+	rj := p.admission(int(m.PromptTokens), int(m.MaxTokens))
+	if r == nil && len(p.rooms) >= p.cfg.MaxRooms {
+		// No room for the room; the request's own limits still come first.
+		if rj == nil {
+			rj = &Reject{Kind: reqerr.KindOverloaded}
+		}
 		p.stats.Rejected++
-		rj := &Reject{Envelope: Envelope{Room: m.Room}, Kind: reqerr.KindOverloaded}
+		rj.Room = m.Room
 		p.cfg.Auth.Sign(rj)
 		p.fail(m.Room, rj.Err())
 		p.emit(Send{To: m.Decode, Msg: rj})
-		p.tombs.add(m.Room, bit(TypePrefill))
+		if !p.cfg.NoTombstones {
+			p.tombs.add(m.Room, bit(TypePrefill))
+		}
 		return
-	case r == nil:
+	}
+	if r == nil {
 		r = p.add(m.Room, m.Decode)
 	}
 	r.seen |= bit(TypePrefill)
 	r.havePrefill = true
 	r.prompt, r.maxTokens = int(m.PromptTokens), int(m.MaxTokens)
-	if rj := p.admission(r); rj != nil {
+	if rj != nil {
 		if !p.cfg.NoAdmissionBeforeReservation {
 			p.stats.Rejected++
 			p.refuse(r, rj.Err(), rj)
@@ -326,15 +335,15 @@ func (p *PrefillMachine) prefill(from PeerID, m *Prefill) {
 
 // admission returns the Reject for a prompt this worker can never serve:
 // longer than the prefill pool, or with max_tokens beyond the window.
-func (p *PrefillMachine) admission(r *proom) *Reject {
+func (p *PrefillMachine) admission(prompt, maxTokens int) *Reject {
 	poolTokens := p.cfg.Pool.Tokens()
 	switch {
-	case r.prompt == 0:
+	case prompt == 0:
 		return &Reject{Kind: reqerr.KindInvalidRequest}
-	case r.prompt+r.maxTokens > p.cfg.ContextWindow:
-		return &Reject{Kind: reqerr.KindContextLength, Prompt: uint32(r.prompt), MaxTokens: uint32(r.maxTokens), Limit: uint32(p.cfg.ContextWindow)}
-	case r.prompt > poolTokens:
-		return &Reject{Kind: reqerr.KindContextLength, Prompt: uint32(r.prompt), MaxTokens: uint32(r.maxTokens), Limit: uint32(poolTokens)}
+	case prompt+maxTokens > p.cfg.ContextWindow:
+		return &Reject{Kind: reqerr.KindContextLength, Prompt: uint32(prompt), MaxTokens: uint32(maxTokens), Limit: uint32(p.cfg.ContextWindow)}
+	case prompt > poolTokens:
+		return &Reject{Kind: reqerr.KindContextLength, Prompt: uint32(prompt), MaxTokens: uint32(maxTokens), Limit: uint32(poolTokens)}
 	}
 	return nil
 }
