@@ -88,7 +88,7 @@ func TestChatTemplateQwen3(t *testing.T) {
 	// The rendered prompt tokenizes with the control tokens as single ids.
 	p, _ := tok.ApplyChatTemplate([]Message{u("Hi")}, true)
 	ids := tok.Encode(p, EncodeOptions{ParseSpecial: true})
-	if ids[0] != 151644 || ids[len(ids)-1] != 198 || !tok.IsEOG(151645) {
+	if ids[0] != 151644 || ids[len(ids)-1] != 198 || !tok.IsEOG(151645) || !tok.IsControl(151644) || tok.IsControl(198) {
 		t.Errorf("chat prompt ids %v", ids)
 	}
 }

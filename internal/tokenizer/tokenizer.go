@@ -261,7 +261,8 @@ func (t *Tokenizer) TokenText(id int32) string {
 	return t.cfg.Tokens[id]
 }
 
-// TokenID returns the id of the vocabulary entry text.
+// TokenID returns the id of the vocabulary entry text (a linear scan: for
+// setup and tests, not for hot paths).
 func (t *Tokenizer) TokenID(text string) (int32, bool) {
 	for id, tok := range t.cfg.Tokens {
 		if tok == text {
@@ -352,4 +353,18 @@ func (t *Tokenizer) Piece(id int32) string {
 		return ""
 	}
 	return t.pieces[id]
+}
+
+// IsControl reports whether id is a control, unknown or unused token:
+// one that stands for structure rather than text (callers that show
+// generated text usually skip these, as llama.cpp does by default).
+func (t *Tokenizer) IsControl(id int32) bool {
+	if id < 0 || int(id) >= len(t.cfg.Tokens) || t.cfg.Types == nil {
+		return false
+	}
+	switch t.cfg.Types[id] {
+	case TypeControl, TypeUnknown, TypeUnused:
+		return true
+	}
+	return false
 }
