@@ -35,7 +35,7 @@ type Request struct {
 	MaxTokensAuto bool
 
 	Temperature float64 // [0, 2]; 0 means greedy
-	TopP        float64 // (0, 1]
+	TopP        float64 // (0, 1]; 1 keeps all tokens (a client's top_p 0 arrives as Temperature 0, TopP 1)
 	Seed        *int64  // nil: the backend picks a seed
 
 	// Logprobs asks for Token.Logprob; TopLogprobs (0..20) for Token.Top.

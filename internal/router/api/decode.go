@@ -174,6 +174,11 @@ func finish(c call, defaultMax int, lim decodeLimits) (call, error) {
 			"Invalid 'max_tokens': integer above maximum value. Expected a value <= %d, but got %d instead.",
 			lim.maxTokensLimit, c.req.MaxTokens)
 	}
+	if c.req.TopP == 0 {
+		// top_p 0 keeps only the most likely token: greedy. Said here so
+		// that no sampler has to agree on what a zero nucleus means.
+		c.req.Temperature, c.req.TopP = 0, 1
+	}
 	if c.req.TopLogprobs > 0 && !c.req.Logprobs {
 		return call{}, paramErr("top_logprobs", codeInvalid, "Invalid 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is set.")
 	}

@@ -237,6 +237,8 @@ func TestDecodeNormalizes(t *testing.T) {
 			"service_tier":"auto","modalities":["text"],"parallel_tool_calls":true,"max_tokens":null,"audio":null}`,
 			Request{Chat: true, Model: testModel, Messages: []Message{{"system", "be brief"}, {"user", "ab"}, {"assistant", "c"}},
 				MaxTokens: 7, Temperature: 0, TopP: 0.5, Seed: &seed, Logprobs: true, TopLogprobs: 2}, true, []string{"\n"}},
+		{"top_p 0 is greedy", false, `{"model":"kvfence-test","messages":[{"role":"user","content":"x"}],"top_p":0,"temperature":0.7}`,
+			Request{Chat: true, Model: testModel, Messages: []Message{{"user", "x"}}, MaxTokens: 199, MaxTokensAuto: true, Temperature: 0, TopP: 1}, false, nil},
 		{"integral float max_tokens", false, `{"model":"kvfence-test","messages":[{"role":"user","content":""}],"max_tokens":5.0}`,
 			Request{Chat: true, Model: testModel, Messages: []Message{{"user", ""}}, MaxTokens: 5, Temperature: 1, TopP: 1}, false, nil},
 		{"completion", true, `{"model":"kvfence-test","prompt":["once"],"logprobs":0,"stop":["x","y"],"best_of":1,"echo":false,"suffix":null}`,

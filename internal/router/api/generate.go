@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/kvfence/kvfence/internal/reqerr"
 )
 
 // gen streams one generation to the client, or collects it into one
@@ -186,6 +188,9 @@ func (g *gen) send(b []byte) bool {
 }
 
 func (g *gen) clientGone() {
+	if g.w.recorded != StatusClientClosed {
+		g.h.m.rejected.WithLabelValues(reqerr.KindAborted.String()).Inc()
+	}
 	g.w.recorded = StatusClientClosed
 }
 
