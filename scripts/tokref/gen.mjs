@@ -232,6 +232,24 @@ add("chat_like", "User: What's 2+2?\nAssistant: 2+2 = 4.\nUser: And 10*10?\nAssi
 add("log_line", "2024-06-01 12:00:00,123 ERROR [main] c.e.Foo - Failed: java.lang.NullPointerException at Foo.java:42");
 add("stack_trace", "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n    1/0\nZeroDivisionError: division by zero\n");
 
+// Differential fuzzing: random strings over an alphabet of characters from
+// every class the pre-tokenizers distinguish, from a fixed-seed generator
+// (so the file is reproducible).
+{
+  const alphabet = [" ", " ", "  ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u0085", "\ufeff", "\u3000", "\u2009",
+    "a", "Z", "é", "ß", "я", "Ω", "中", "ー", "한", "ก", "\u0301", "\u093f", "'", "'s", "'LL", "'re", "’",
+    "0", "7", "42", "١", "½", "Ⅻ", ".", ",", "!", "?", "-", "_", "(", "]", "{", "\"", "#", "$", "€", "😀", "👍🏽",
+    "\u200d", "<|im_start|>", "<|eot_id|>", "<|", "|>", "<s>", "<think>", "\u0000", "\u001f", "~", "\\", "/", "@"];
+  let x = 0x2545F491n;
+  const next = () => { x ^= x << 13n; x &= 0xFFFFFFFFFFFFFFFFn; x ^= x >> 7n; x ^= x << 17n; x &= 0xFFFFFFFFFFFFFFFFn; return Number(x % 1000000007n); };
+  for (let i = 0; i < 300; i++) {
+    const n = 1 + next() % 24;
+    let s = "";
+    for (let j = 0; j < n; j++) s += alphabet[next() % alphabet.length];
+    add(`random_${i}`, s);
+  }
+}
+
 console.error(`${corpus.length} cases`);
 
 const chats = [
