@@ -35,7 +35,11 @@ type PostWrite struct {
 	To        PeerID
 	Seq       uint64
 	LocalPage int32
-	Msg       *Write
+	// Fence is the fence the write carries in Msg.Header, for drivers and
+	// checkers that do not want to parse the header; Msg.Page is the remote
+	// page and Msg.Key the window.
+	Fence Fence
+	Msg   *Write
 }
 
 // OpenWindow: the decode machine opened window Key over Pages for Room.

@@ -553,7 +553,7 @@ func (p *PrefillMachine) post(r *proom) {
 		r.posted++
 		r.sums = append(r.sums, sealed.Checksum)
 		p.stats.WritesPosted++
-		p.emit(PostWrite{To: r.decode, Seq: p.seq, LocalPage: r.local[i], Msg: w})
+		p.emit(PostWrite{To: r.decode, Seq: p.seq, LocalPage: r.local[i], Fence: h.Fence, Msg: w})
 	}
 	p.maybeDone(r)
 }

@@ -142,6 +142,9 @@ func runRandom(t *testing.T, seed uint64, prot Protections, maxPrompt int) (viol
 			case Fail:
 				delete(running, o.Room)
 			case PostWrite:
+				if h, err := kvpool.ParseHeader(o.Msg.Header[:]); err != nil || h.Fence != o.Fence || h.Page != o.Msg.Page {
+					panic("PostWrite fence differs from its header")
+				}
 				writes = append(writes, o)
 			}
 		}

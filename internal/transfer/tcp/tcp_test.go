@@ -52,7 +52,7 @@ func (s *recSink) add(e event) {
 }
 
 func (s *recSink) Deliver(from transfer.PeerID, m transfer.Message) { s.add(event{from: from, msg: m}) }
-func (s *recSink) Landed(r link.Report)                           { s.add(event{report: &r}) }
+func (s *recSink) Landed(r link.Report)                             { s.add(event{report: &r}) }
 
 func (s *recSink) snapshot() []event {
 	s.mu.Lock()
@@ -130,13 +130,13 @@ func controls(ev []event) []transfer.Message {
 
 // fixture is one prefill worker linked to one decode worker on loopback.
 type fixture struct {
-	auth              *transfer.Auth
-	decPool, prePool  *kvpool.Pool
-	windows           *transfer.WindowTable
-	ln                *Listener
-	pre               *Link // the prefill side's link (dialer)
-	dec               *Link // the decode side's link to the prefill worker
-	decSink, preSink  *recSink
+	auth             *transfer.Auth
+	decPool, prePool *kvpool.Pool
+	windows          *transfer.WindowTable
+	ln               *Listener
+	pre              *Link // the prefill side's link (dialer)
+	dec              *Link // the decode side's link to the prefill worker
+	decSink, preSink *recSink
 }
 
 var testShape = kvpool.Shape{Layers: 2, KVHeads: 2, HeadDim: 8, PageSize: 4}
