@@ -75,6 +75,7 @@ type DecodeStats struct {
 	FenceFailures     uint64                          // sequences ended because a page failed VerifyFences before a step
 	GeneratedTokens   uint64
 	Steps             uint64 // forward calls
+	MaxBatch          int    // the most sequences one step carried
 	Machine           transfer.DecodeStats
 }
 
@@ -100,6 +101,9 @@ type DecodeWorker struct {
 		shutdownBy <-chan struct{}
 	}
 	rejected [reqerr.KindInternal + 1]atomic.Uint64
+	// hold keeps decode steps from running while fewer sequences than it
+	// can step (tests use it to build a known batch).
+	hold atomic.Int32
 
 	// snap is the driver's published view for Info and Stats.
 	snapMu sync.Mutex
@@ -726,7 +730,7 @@ func (w *DecodeWorker) step() bool {
 	if len(d.later) > 0 {
 		w.apply(nil)
 	}
-	if len(d.batch) == 0 {
+	if len(d.batch) == 0 || len(d.batch) < int(w.hold.Load()) {
 		return false
 	}
 	if err := w.cfg.Model.Forward(d.ws, w.cfg.Pool, d.batch); err != nil {
@@ -739,6 +743,7 @@ func (w *DecodeWorker) step() bool {
 		return true
 	}
 	d.stats.Steps++
+	d.stats.MaxBatch = max(d.stats.MaxBatch, len(d.batch))
 	for i, q := range d.inBatch {
 		r := q.req
 		lp := r.Logprobs || r.TopLogprobs > 0

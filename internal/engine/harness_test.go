@@ -130,12 +130,14 @@ func newPD(t testing.TB, o pdOptions) *pd {
 	h := &pd{t: t, m: m, auth: auth, dpool: mk(o.decodePages), ppool: mk(o.prefillPages)}
 	h.dw, err = NewDecodeWorker(DecodeConfig{Model: m, Pool: h.dpool, Auth: auth, Self: decodeID,
 		ContextWindow: o.window, LowerWindow: true, MaxRunning: o.maxRunning, StreamBuffer: o.streamBuffer,
-		Threads: 1, TickInterval: time.Millisecond, DrainTimeout: o.drainTimeout, KeyBase: 1 << 40})
+		Threads: 1, TickInterval: time.Millisecond, DrainTimeout: o.drainTimeout, KeyBase: 1 << 40,
+		TransferTimeout: 60000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.pw, err = NewPrefillWorker(PrefillConfig{Model: m, Pool: h.ppool, Auth: auth, Self: prefillID,
-		ContextWindow: o.window, LowerWindow: true, ChunkSize: o.chunk, Threads: 1, TickInterval: time.Millisecond})
+		ContextWindow: o.window, LowerWindow: true, ChunkSize: o.chunk, Threads: 1, TickInterval: time.Millisecond,
+		WaitTimeout: 60000})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 func prompt(rng *rand.Rand, n int) []int32 {
@@ -52,11 +53,8 @@ func TestGreedyMatchesReference(t *testing.T) {
 					t.Errorf("request %d: last event has no finish reason", i)
 				}
 			}
-			// Continuous batching: decode steps carry several sequences.
 			st := h.dw.Stats()
-			if st.GeneratedTokens == 0 || st.Steps >= st.GeneratedTokens-uint64(n) {
-				t.Errorf("%d steps for %d generated tokens of %d requests: no batching", st.Steps, st.GeneratedTokens, n)
-			}
+			t.Logf("%d steps for %d generated tokens, largest batch %d", st.Steps, st.GeneratedTokens, st.MaxBatch)
 			h.waitRest()
 		})
 	}
@@ -64,4 +62,39 @@ func TestGreedyMatchesReference(t *testing.T) {
 
 func itoa(i int) string {
 	return string(rune('0'+i/10%10)) + string(rune('0'+i%10))
+}
+
+// TestContinuousBatching holds decode steps until six sequences are active,
+// so the first step carries all of them; they then leave one by one as they
+// reach their own max_tokens, and every output still equals the reference.
+func TestContinuousBatching(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 120, prefillPages: 40, chunk: 32, maxRunning: 8, window: 128})
+	h.dw.hold.Store(100)
+	rng := rand.New(rand.NewPCG(3, 3))
+	reqs := make([]*req, 6)
+	results := make([]result, len(reqs))
+	var wg sync.WaitGroup
+	for i := range reqs {
+		reqs[i] = &req{tenant: "a", prompt: prompt(rng, 3+7*i), max: 4 + 3*i}
+		wg.Go(func() { results[i] = h.run(reqs[i]) })
+	}
+	for h.dw.Stats().Active < len(reqs) {
+		time.Sleep(time.Millisecond)
+	}
+	if st := h.dw.Stats(); st.Steps != 0 {
+		t.Fatalf("%d steps ran while held", st.Steps)
+	}
+	h.dw.hold.Store(0)
+	h.dw.in.put(op{kind: opAbort})
+	wg.Wait()
+	for i, r := range reqs {
+		want := reference(t, h.m, r.prompt, r.max, nil)
+		if got := results[i].ids(); results[i].err != nil || !slices.Equal(got, want) {
+			t.Errorf("request %d: got %v (%v), want %v", i, got, results[i].err, want)
+		}
+	}
+	if st := h.dw.Stats(); st.MaxBatch != len(reqs) {
+		t.Errorf("largest batch %d, want %d", st.MaxBatch, len(reqs))
+	}
+	h.waitRest()
 }
