@@ -104,6 +104,9 @@ type DecodeWorker struct {
 	// hold keeps decode steps from running while fewer sequences than it
 	// can step (tests use it to build a known batch).
 	hold atomic.Int32
+	// onAdmit, when set before the first request, is called by the driver
+	// for each admitted room (tests observe admission order).
+	onAdmit func(transfer.RoomID)
 
 	// snap is the driver's published view for Info and Stats.
 	snapMu sync.Mutex
@@ -569,6 +572,9 @@ func (w *DecodeWorker) admit() {
 		}
 		d.fair.pop()
 		w.unwait()
+		if w.onAdmit != nil {
+			w.onAdmit(q.room)
+		}
 		growth, err := w.cfg.Pool.Alloc(q.room, need-promptPages, nil)
 		invariants.Assert(err == nil, "engine: growth pages not free after the check")
 		q.growth = growth
