@@ -149,15 +149,24 @@ func (m *Matrix) DotRow(i int, x []float32) float32 {
 const matmulTile = 16
 
 type matmulTask struct {
-	out, x []float32
-	t      int
-	w      *Matrix
+	out, x  []float32
+	t       int
+	w       *Matrix
+	scratch []tileScratch // per worker; kept across calls
 }
 
-func (mt *matmulTask) Run(lo, hi, _ int) {
+// tiledMinRows is the number of activation rows from which converting a
+// tile of weights once beats converting each element in every Dot.
+const tiledMinRows = 4
+
+func (mt *matmulTask) Run(lo, hi, worker int) {
 	w, cols, rows := mt.w, mt.w.Cols, mt.w.Rows
 	for o0 := lo; o0 < hi; o0 += matmulTile {
 		o1 := min(o0+matmulTile, hi)
+		if mt.t >= tiledMinRows {
+			mt.runTiled(o0, o1, &mt.scratch[worker])
+			continue
+		}
 		for r := 0; r < mt.t; r++ {
 			xr := mt.x[r*cols : (r+1)*cols]
 			or := mt.out[r*rows : (r+1)*rows]
@@ -170,13 +179,17 @@ func (mt *matmulTask) Run(lo, hi, _ int) {
 
 // MatMul computes out[r*w.Rows+o] = x[r*w.Cols:][:w.Cols] · row o of w for
 // the t activation rows of x, splitting the output rows over the pool. Each
-// element is one Dot call, so the result does not depend on t or on the
-// number of threads.
+// element is computed exactly as Dot computes it (see tile.go), so the
+// result does not depend on t or on the number of threads. Scratch for
+// converted weight tiles grows to the widest matrix seen and is kept.
 func (p *Pool) MatMul(out, x []float32, t int, w *Matrix) {
 	if len(x) < t*w.Cols || len(out) < t*w.Rows {
 		panic(fmt.Sprintf("kernels: MatMul of %d rows: x has %d of %d, out %d of %d", t, len(x), t*w.Cols, len(out), t*w.Rows))
 	}
-	p.mm = matmulTask{out: out, x: x, t: t, w: w}
+	if p.mm.scratch == nil {
+		p.mm.scratch = make([]tileScratch, p.threads)
+	}
+	p.mm.out, p.mm.x, p.mm.t, p.mm.w = out, x, t, w
 	p.Run(w.Rows, matmulTile, &p.mm)
-	p.mm = matmulTask{}
+	p.mm.out, p.mm.x, p.mm.w = nil, nil, nil
 }
