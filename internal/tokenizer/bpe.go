@@ -152,9 +152,25 @@ func (t *Tokenizer) bpeWord(out []int32, word string, sc *scratch) []int32 {
 			return append(out, id)
 		}
 	}
-	if len(word) <= smallWord {
-		return t.bpeSmall(out, word)
+	if len(word) <= cacheMaxWord {
+		if ids, ok := t.cache.get(word); ok {
+			return append(out, ids...)
+		}
+		n := len(out)
+		if len(word) <= smallWord {
+			out = t.bpeSmall(out, word)
+		} else {
+			out = t.bpeHeap(out, word, sc)
+		}
+		t.cache.put(word, append([]int32(nil), out[n:]...))
+		return out
 	}
+	return t.bpeHeap(out, word, sc)
+}
+
+// bpeHeap merges with a priority queue of candidate pairs: O(n log n) for
+// long pre-tokens (runs of spaces, digits or base64).
+func (t *Tokenizer) bpeHeap(out []int32, word string, sc *scratch) []int32 {
 	sym := sc.sym[:0]
 	for i := 0; i < len(word); i++ {
 		sym = append(sym, symbol{id: t.byteTok[word[i]], prev: int32(i) - 1, next: int32(i) + 1})

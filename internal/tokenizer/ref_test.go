@@ -116,3 +116,31 @@ func TestReferenceEncodings(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrentEncode shares one Tokenizer (and its word cache) between
+// goroutines; run under -race it checks the cache's publication, and the
+// results must equal the references whatever the interleaving.
+func TestConcurrentEncode(t *testing.T) {
+	tok := refTokenizer(t, "llama3")
+	ref := loadRef(t, "llama3")
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range ref.Cases {
+				c := ref.Cases[(i*7+g*31)%len(ref.Cases)]
+				if got := tok.Encode(c.Text, EncodeOptions{ParseSpecial: true}); !slices.Equal(got, c.IDs) {
+					errs <- c.Name
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for name := range errs {
+		t.Errorf("concurrent encode of %s differs", name)
+	}
+}

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sort"
 	"strings"
 )
@@ -46,6 +47,7 @@ type Tokenizer struct {
 	// longest first within each first byte.
 	specials   [256][]special
 	eog        map[int32]bool
+	cache      *wordCache
 	addPrefix  bool
 	stripFirst bool // SPM decode drops the space the prefix added
 }
@@ -84,6 +86,7 @@ func New(c Config) (*Tokenizer, error) {
 		pieces:  make([]string, len(c.Tokens)),
 		vocab:   make(map[string]int32, len(c.Tokens)),
 		eog:     map[int32]bool{},
+		cache:   &wordCache{seed: maphash.MakeSeed()},
 		scores:  c.Scores,
 	}
 	for i := range t.byteTok {
