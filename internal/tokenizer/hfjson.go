@@ -124,8 +124,7 @@ func FromHFJSON(tokenizerJSON, tokenizerConfigJSON []byte) (Config, error) {
 			c.Types[a.ID] = TypeUserDefined
 		}
 	}
-	lookup := func(raw json.RawMessage) int32 {
-		s := tokenString(raw)
+	lookupText := func(s string) int32 {
 		if s == "" {
 			return -1
 		}
@@ -139,9 +138,10 @@ func FromHFJSON(tokenizerJSON, tokenizerConfigJSON []byte) (Config, error) {
 		}
 		return -1
 	}
+	lookup := func(raw json.RawMessage) int32 { return lookupText(tokenString(raw)) }
 	c.BOS, c.EOS, c.PAD = lookup(hc.BOS), lookup(hc.EOS), lookup(hc.PAD)
 	if hf.Model.UnkToken != nil {
-		c.UNK = lookup(json.RawMessage(fmt.Sprintf("%q", *hf.Model.UnkToken)))
+		c.UNK = lookupText(*hf.Model.UnkToken)
 	} else {
 		c.UNK = lookup(hc.UNK)
 	}
@@ -150,7 +150,7 @@ func FromHFJSON(tokenizerJSON, tokenizerConfigJSON []byte) (Config, error) {
 	}
 	// End-of-turn tokens of the supported families.
 	for _, name := range []string{"<|eot_id|>", "<|im_end|>"} {
-		if id := lookup(json.RawMessage(fmt.Sprintf("%q", name))); id >= 0 && id != c.EOS {
+		if id := lookupText(name); id >= 0 && id != c.EOS {
 			c.EOT = id
 			break
 		}
@@ -179,7 +179,7 @@ func FromHFJSON(tokenizerJSON, tokenizerConfigJSON []byte) (Config, error) {
 			case p.Sequence != nil:
 				seen = true
 			case p.SpecialToken != nil:
-				id := lookup(json.RawMessage(fmt.Sprintf("%q", p.SpecialToken.ID)))
+				id := lookupText(p.SpecialToken.ID)
 				if !seen && id >= 0 {
 					if c.BOS < 0 {
 						c.BOS = id

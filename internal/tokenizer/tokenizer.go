@@ -32,9 +32,9 @@ type Tokenizer struct {
 	// BPE tokens, "▁"→" " and <0xXX>→byte for SentencePiece tokens, the
 	// stored text for control and user-defined tokens.
 	pieces []string
-	// isByteTok marks SentencePiece <0xXX> tokens: their piece is a single
-	// byte that is usually part of a longer UTF-8 sequence.
-	byteTok [256]int32 // byte-level: token of each byte; SPM: <0xXX> token (-1 if none)
+	// byteTok is the token of each single byte: byte-level BPE's base
+	// alphabet, or SentencePiece's <0xXX> fallback tokens (-1 if none).
+	byteTok [256]int32
 
 	// vocab maps the (decoded) text of mergeable tokens to their id.
 	vocab map[string]int32
@@ -230,7 +230,8 @@ func parseByteToken(s string) (byte, bool) {
 	return b, true
 }
 
-// Config returns the configuration t was built from.
+// Config returns the configuration t was built from. Its slices are shared
+// with t: treat them as read-only.
 func (t *Tokenizer) Config() Config { return t.cfg }
 
 // VocabSize is the number of token ids.
