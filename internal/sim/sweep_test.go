@@ -1,0 +1,31 @@
+//go:build !race
+
+package sim
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvfence/kvfence/internal/transfer"
+)
+
+// TestSweep is the CI seed sweep: 10,000 seeds of 200 requests with every
+// protection on and every fault, zero violations. Too slow for the race
+// detector; scripts/test.sh runs it without (go test -run Sweep). The long
+// mode runs more: -sim.long=N or KVFENCE_SIM_SEEDS=N.
+func TestSweep(t *testing.T) {
+	n := 10000
+	if l := longSeeds(); l > 0 {
+		n = l
+	} else if testing.Short() {
+		n = 1000
+	}
+	start := time.Now()
+	st, vs := sweep(1, n, transfer.Protections{}, 0, 3)
+	el := time.Since(start)
+	reportViolations(t, vs, transfer.Protections{}, 0)
+	checkCoverage(t, st)
+	t.Logf("%d seeds x %d requests in %v: %.0f seeds/s, %.0f events/s (%d events); %d succeeded, failed by kind %v, %d client aborts, %d router timeouts, %d peer lost",
+		st.Runs, st.Requests/max(st.Runs, 1), el.Round(time.Millisecond), float64(st.Runs)/el.Seconds(),
+		float64(st.Events)/el.Seconds(), st.Events, st.Succeeded, st.Failed, st.ClientAborts, st.RouterTimeouts, st.PeerLost)
+}
