@@ -31,7 +31,7 @@ type Pool struct {
 	wg      sync.WaitGroup
 	next    atomic.Int64 // next unclaimed index of the running task
 	mm      matmulTask   // reused by MatMul so that dispatch does not allocate
-	closed  bool
+	closed  atomic.Bool  // set once by Close (which may run from a cleanup)
 }
 
 type job struct {
@@ -78,7 +78,7 @@ func (p *Pool) Threads() int { return p.threads }
 // Run runs t over [0, n) in chunks of grain indices (grain < 1 means 1) and
 // returns when every index is done.
 func (p *Pool) Run(n, grain int, t Task) {
-	if p.closed {
+	if p.closed.Load() {
 		panic("kernels: Run on a closed Pool")
 	}
 	grain = max(grain, 1)
@@ -99,11 +99,11 @@ func (p *Pool) Run(n, grain int, t Task) {
 }
 
 // Close stops the worker goroutines. The Pool must not be used afterwards.
+// Closing twice, from any goroutine, is harmless.
 func (p *Pool) Close() {
-	if p.closed {
+	if p.closed.Swap(true) {
 		return
 	}
-	p.closed = true
 	for _, ch := range p.work {
 		close(ch)
 	}

@@ -96,10 +96,14 @@ func (m *Model) NewWorkspace(maxTokens, maxSeqs, threads int) *Workspace {
 		logitN:   make([]int, maxSeqs),
 	}
 	ws.attn.ws = ws
+	// A Workspace dropped without Close still stops its workers: they hold
+	// the pool, never the Workspace, so the Workspace can become garbage.
+	runtime.AddCleanup(ws, func(p *kernels.Pool) { p.Close() }, ws.pool)
 	return ws
 }
 
-// Close stops the workspace's worker goroutines.
+// Close stops the workspace's worker goroutines. The Workspace must not be
+// used afterwards.
 func (ws *Workspace) Close() { ws.pool.Close() }
 
 // MaxTokens is the most tokens one Forward call may carry.

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"hash/crc32"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/kvfence/kvfence/internal/gguf"
@@ -177,5 +179,26 @@ func TestForwardAllocatesNothing(t *testing.T) {
 		}); a != 0 {
 			t.Fatalf("Forward of %d chunks allocates %v times per call", len(b), a)
 		}
+	}
+}
+
+// TestDroppedWorkspaceStopsWorkers: a Workspace that is never closed does
+// not leak its worker goroutines once it is garbage.
+func TestDroppedWorkspaceStopsWorkers(t *testing.T) {
+	m, _ := tinySpec("llama", gguf.TypeF32, false).load(t)
+	before := runtime.NumGoroutine()
+	for range 5 {
+		ws := m.NewWorkspace(4, 1, 4)
+		_ = ws
+	}
+	if runtime.NumGoroutine() < before+15 {
+		t.Fatalf("workers did not start: %d goroutines, %d before", runtime.NumGoroutine(), before)
+	}
+	for i := 0; i < 100 && runtime.NumGoroutine() > before; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Fatalf("%d goroutines remain, %d before", n, before)
 	}
 }
