@@ -598,13 +598,24 @@ func (w *DecodeWorker) unwait() {
 	w.mu.Unlock()
 }
 
-// endQueued ends a request that holds nothing.
+// endQueued ends a request that holds nothing. The prefill side may be
+// computing the room already and would wait for a grant until its timeout:
+// tell it (an Abort it answers with Drained, or drops as a replay), and
+// close the room in the machine so a late Open reserves nothing.
 func (w *DecodeWorker) endQueued(q *dreq, err error) {
 	w.d.fair.remove(q)
 	w.unwait()
 	delete(w.d.reqs, q.room)
 	w.d.stats.Failed[reqerr.KindOf(err)]++
 	q.stream.finish(err)
+	a := &transfer.Abort{Envelope: transfer.Envelope{Room: q.room}, Reason: reqerr.KindAborted, Decode: w.cfg.Self}
+	w.cfg.Auth.Sign(a)
+	if l := w.d.links[q.req.Open.Prefill]; l != nil {
+		if err := l.Send(w.ctx, a); err != nil {
+			w.cfg.Log.Info("send failed", "peer", q.req.Open.Prefill, "type", a.Type(), "err", err)
+		}
+	}
+	w.apply(w.d.m.Abort(q.room, reqerr.KindAborted))
 }
 
 // endOpened ends a request whose room the machine has closed (or holds

@@ -240,6 +240,11 @@ func (h *pd) waitRest() {
 			return
 		}
 		if time.Now().After(deadline) {
+			for room, q := range h.pw.d.rooms {
+				st, ok := h.pw.d.m.State(room)
+				h.t.Logf("prefill room %v: state %v %v running %v computed %d/%d answered %v", room, st, ok, q.running, q.computed, len(q.req.Prompt), q.answered)
+			}
+			h.t.Logf("prefill machine rooms %d inflight %d", h.pw.d.m.Rooms(), h.pw.d.m.InFlight())
 			h.t.Fatalf("pools not at rest: decode %+v prefill %+v", d, p)
 		}
 		time.Sleep(2 * time.Millisecond)

@@ -1,0 +1,269 @@
+package engine
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvfence/kvfence/internal/kvpool"
+	"github.com/kvfence/kvfence/internal/reqerr"
+)
+
+// TestAbortsAtRandomPoints aborts requests before their grant, during the
+// transfer and during decoding, among requests that run to the end: the
+// others' outputs equal the reference (I7) and the pools come back to rest
+// (I5).
+func TestAbortsAtRandomPoints(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 200, prefillPages: 64, chunk: 8, maxRunning: 8, window: 128, drainTimeout: 20000})
+	rng := rand.New(rand.NewPCG(21, 21))
+	const n = 24
+	type job struct {
+		r    *req
+		mode int // 0 runs to the end; 1 abort before the prefill; 2 abort mid-transfer; 3 close mid-decode
+		wait time.Duration
+		read int
+	}
+	jobs := make([]job, n)
+	for i := range jobs {
+		jobs[i] = job{
+			r:    &req{tenant: "t" + itoa(i%4), prompt: prompt(rng, 2+rng.IntN(50)), max: 2 + rng.IntN(12)},
+			mode: i % 4, wait: time.Duration(rng.IntN(3000)) * time.Microsecond, read: rng.IntN(3),
+		}
+	}
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	for i := range jobs {
+		j := &jobs[i]
+		wg.Go(func() {
+			switch j.mode {
+			case 0:
+				results[i] = h.run(j.r)
+			case 1:
+				g, p := h.open(j.r)
+				s, err := h.dw.Generate(h.ctx, g)
+				if err != nil {
+					results[i].err = err
+					return
+				}
+				defer s.Close()
+				h.dw.Abort(h.abortMsg(j.r.room))
+				h.pw.Abort(h.abortMsg(j.r.room))
+				results[i].prefErr = h.pw.Prefill(h.ctx, p) // overtaken by the abort
+				_, results[i].err = s.Next(h.ctx)
+			case 2:
+				g, p := h.open(j.r)
+				s, err := h.dw.Generate(h.ctx, g)
+				if err != nil {
+					results[i].err = err
+					return
+				}
+				defer s.Close()
+				go h.pw.Prefill(h.ctx, p)
+				time.Sleep(j.wait)
+				h.dw.Abort(h.abortMsg(j.r.room))
+				h.pw.Abort(h.abortMsg(j.r.room))
+				for {
+					ev, err := s.Next(h.ctx)
+					if err != nil {
+						results[i].err = err
+						return
+					}
+					results[i].events = append(results[i].events, ev)
+				}
+			case 3:
+				g, p := h.open(j.r)
+				s, err := h.dw.Generate(h.ctx, g)
+				if err != nil {
+					results[i].err = err
+					return
+				}
+				go h.pw.Prefill(h.ctx, p)
+				for range j.read {
+					ev, err := s.Next(h.ctx)
+					if err != nil {
+						break
+					}
+					results[i].events = append(results[i].events, ev)
+				}
+				s.Close() // the client leaves
+			}
+		})
+	}
+	wg.Wait()
+	for i, j := range jobs {
+		res := results[i]
+		want := reference(t, h.m, j.r.prompt, j.r.max, nil)
+		switch j.mode {
+		case 0:
+			if res.err != nil || !slices.Equal(res.ids(), want) {
+				t.Errorf("request %d: %v (%v), want %v", i, res.ids(), res.err, want)
+			}
+		case 1:
+			if reqerr.KindOf(res.err) != reqerr.KindAborted || res.prefErr == nil {
+				t.Errorf("request %d aborted before its prefill: stream %v, prefill %v", i, res.err, res.prefErr)
+			}
+		default:
+			// Whatever was generated before the abort is a prefix of the
+			// answer the request would have had alone.
+			if got := res.ids(); !slices.Equal(got, want[:min(len(got), len(want))]) || len(got) > len(want) {
+				t.Errorf("request %d (mode %d): %v, want a prefix of %v", i, j.mode, got, want)
+			}
+			if j.mode == 2 && res.err != nil && reqerr.KindOf(res.err) != reqerr.KindAborted {
+				t.Errorf("request %d aborted mid-transfer ended with %v", i, res.err)
+			}
+		}
+	}
+	h.waitRest()
+	if q := h.dpool.Counts().Quarantined; q != 0 {
+		t.Errorf("%d pages quarantined after drained aborts", q)
+	}
+	st := h.dw.Stats()
+	t.Logf("deferred releases: drained %d, timeout %d; machine %+v", st.DeferredDrained, st.DeferredTimeout, st.Machine)
+}
+
+// TestPeerLost: a new connection epoch fails the rooms that depended on the
+// old connection with peer_lost on both sides and releases their pages;
+// the link serves new requests afterwards.
+func TestPeerLost(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 100, prefillPages: 64, chunk: 16, maxRunning: 8, window: 100})
+	rng := rand.New(rand.NewPCG(4, 4))
+	// Decode side: granted rooms whose prefill never comes.
+	var streams []TokenStream
+	for range 3 {
+		g, _ := h.open(&req{tenant: "a", prompt: prompt(rng, 10), max: 5})
+		s, err := h.dw.Generate(h.ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		streams = append(streams, s)
+	}
+	// Prefill side: rooms computed and waiting for a grant that never comes.
+	perrs := make(chan error, 2)
+	for range 2 {
+		_, p := h.open(&req{tenant: "b", prompt: prompt(rng, 10), max: 5})
+		go func() { perrs <- h.pw.Prefill(h.ctx, p) }()
+	}
+	for h.dw.Stats().Machine.Granted < 3 || h.pw.Stats().Machine.Admitted < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	if cnt := h.dpool.Counts(); cnt.Allocated == 0 {
+		t.Fatalf("nothing granted: %+v", cnt)
+	}
+	h.pair.Reconnect()
+	for i, s := range streams {
+		if _, err := s.Next(h.ctx); reqerr.KindOf(err) != reqerr.KindPeerLost {
+			t.Errorf("decode stream %d: %v, want peer_lost", i, err)
+		}
+	}
+	for range 2 {
+		if err := <-perrs; reqerr.KindOf(err) != reqerr.KindPeerLost {
+			t.Errorf("prefill: %v, want peer_lost", err)
+		}
+	}
+	h.waitRest()
+	r := &req{tenant: "a", prompt: prompt(rng, 20), max: 6}
+	if res := h.run(r); res.err != nil || !slices.Equal(res.ids(), reference(t, h.m, r.prompt, r.max, nil)) {
+		t.Errorf("after the reconnection: %v %v", res.ids(), res.err)
+	}
+	h.waitRest()
+}
+
+// TestFenceMismatchFailsClosed: a page whose header no longer carries the
+// sequence's fence is never read; the request fails with
+// kv_integrity_error, and the failure is counted.
+func TestFenceMismatchFailsClosed(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 64, prefillPages: 64, chunk: 16, maxRunning: 4, window: 100})
+	rng := rand.New(rand.NewPCG(8, 8))
+	r := &req{tenant: "a", prompt: prompt(rng, 13), max: 8}
+	g, p := h.open(r)
+	h.dw.hold.Store(100)
+	s, err := h.dw.Generate(h.ctx, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := h.pw.Prefill(h.ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	for h.dw.Stats().Active == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// Overwrite the header of the room's second prompt page, as a stray
+	// write would.
+	hit := false
+	for pg := range int32(h.dpool.Total()) {
+		hd, err := h.dpool.Header(pg)
+		if err == nil && h.dpool.State(pg) == kvpool.Allocated && hd.Fence.Room == r.room && hd.Ordinal == 1 {
+			clear(h.dpool.PageBytes(pg)[:kvpool.HeaderSize])
+			hit = true
+		}
+	}
+	if !hit {
+		t.Fatal("no prompt page found")
+	}
+	before := h.dpool.Stats().FenceMismatches
+	h.dw.hold.Store(0)
+	h.dw.in.put(op{kind: opAbort})
+	ev, err := s.Next(h.ctx)
+	if err != nil || ev.ID != reference(t, h.m, r.prompt, 1, nil)[0] {
+		t.Fatalf("first token: %+v %v", ev, err)
+	}
+	if _, err := s.Next(h.ctx); reqerr.KindOf(err) != reqerr.KindIntegrity {
+		t.Fatalf("after the corruption: %v, want kv_integrity_error", err)
+	}
+	if st := h.dw.Stats(); st.FenceFailures != 1 || st.Pool.FenceMismatches <= before || st.Steps != 0 {
+		t.Errorf("fence failures %d, pool mismatches %d (before %d), steps %d", st.FenceFailures, st.Pool.FenceMismatches, before, st.Steps)
+	}
+	h.waitRest()
+}
+
+// TestCloseDrains: Close lets admitted requests finish, fails queued ones
+// with shutting_down, refuses new ones, and leaves the pool at rest.
+func TestCloseDrains(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 64, prefillPages: 64, chunk: 16, maxRunning: 1, window: 100})
+	rng := rand.New(rand.NewPCG(6, 6))
+	h.dw.hold.Store(100)
+	running := &req{tenant: "a", prompt: prompt(rng, 9), max: 6}
+	done := make(chan result, 1)
+	go func() { done <- h.run(running) }()
+	for h.dw.Stats().Active == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	g, _ := h.open(&req{tenant: "b", prompt: prompt(rng, 9), max: 6})
+	queued, err := h.dw.Generate(h.ctx, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer queued.Close()
+	for h.dw.Stats().Queued == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- h.dw.Close(h.ctx) }()
+	if _, err := queued.Next(h.ctx); reqerr.KindOf(err) != reqerr.KindShuttingDown {
+		t.Errorf("queued request: %v, want shutting_down", err)
+	}
+	g2, _ := h.open(&req{tenant: "c", prompt: prompt(rng, 9), max: 6})
+	if _, err := h.dw.Generate(h.ctx, g2); reqerr.KindOf(err) != reqerr.KindShuttingDown {
+		t.Errorf("new request while closing: %v", err)
+	}
+	h.dw.hold.Store(0)
+	h.dw.in.put(op{kind: opAbort})
+	res := <-done
+	if res.err != nil || !slices.Equal(res.ids(), reference(t, h.m, running.prompt, running.max, nil)) {
+		t.Errorf("running request: %v %v", res.ids(), res.err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if cnt := h.dpool.Counts(); cnt.Free != cnt.Total {
+		t.Errorf("pool after Close: %+v", cnt)
+	}
+	if !errors.Is(h.dw.Close(h.ctx), nil) {
+		t.Error("second Close")
+	}
+}
