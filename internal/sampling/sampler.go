@@ -156,7 +156,7 @@ func better(logits []float32, a, b int32) bool {
 // candidates idx (in id order) and draws one. m is the largest logit.
 func (s *Sampler) sampleFrom(logits []float32, idx []int32, m float32) int32 {
 	t := float64(s.p.Temperature)
-	w := func(id int32) float64 { return expNeg((float64(logits[id]) - float64(m)) / t) }
+	w := func(id int32) float64 { return math.Exp((float64(logits[id]) - float64(m)) / t) }
 	n := s.truncate(logits, idx, m)
 	// Draw: walk the kept candidates in their (deterministic) order.
 	var z float64
@@ -180,7 +180,7 @@ func (s *Sampler) sampleFrom(logits []float32, idx []int32, m float32) int32 {
 // id order.
 func (s *Sampler) truncate(logits []float32, idx []int32, m float32) (n int) {
 	t := float64(s.p.Temperature)
-	w := func(id int32) float64 { return expNeg((float64(logits[id]) - float64(m)) / t) }
+	w := func(id int32) float64 { return math.Exp((float64(logits[id]) - float64(m)) / t) }
 	n = len(idx)
 	sorted := false
 	if k := s.p.TopK; k > 0 && k < n {
@@ -358,7 +358,7 @@ func logSumExp(logits []float32, m float32) float64 {
 	fm := float64(m)
 	for _, l := range logits {
 		if l >= -math.MaxFloat32 {
-			z += expNeg(float64(l) - fm)
+			z += math.Exp(float64(l) - fm)
 		}
 	}
 	return fm + math.Log(z)
