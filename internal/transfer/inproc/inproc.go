@@ -188,6 +188,14 @@ func (p *Pair) deliver(c *conn, d int) {
 		case <-c.dead:
 			return
 		case it := <-c.q[d]:
+			select {
+			case <-c.dead:
+				// Down while this item waited: it is lost like the rest
+				// of the queue, not delivered by the luck of select.
+				p.lose(it, link.ErrPeerGone)
+				return
+			default:
+			}
 			if it.msg != nil {
 				to.Deliver(from, it.msg)
 				continue
