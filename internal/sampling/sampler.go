@@ -197,20 +197,23 @@ func (s *Sampler) truncate(logits []float32, idx []int32, m float32) (n int) {
 		target := p * z
 		// Sort only as much as needed: the nucleus is usually small, so
 		// select the top 64, then 512, ... until it is covered.
+		// The best `done` candidates keep their place and order when the
+		// selection grows (the order is total), so their mass is summed once.
 		k := n
 		if !sorted {
 			k = min(n, 64)
 		}
+		cum, done := 0.0, 0
 		for {
 			if !sorted {
 				if k < n {
-					s.selectTop(logits, idx[:n], k)
+					s.selectTop(logits, idx[done:n], k-done)
 				}
-				sortCandidates(logits, idx[:k])
+				sortCandidates(logits, idx[done:k])
 			}
-			cum, cut := 0.0, -1
-			for i, id := range idx[:k] {
-				cum += w(id)
+			cut := -1
+			for i := done; i < k; i++ {
+				cum += w(idx[i])
 				if cum >= target {
 					cut = i + 1
 					break
@@ -225,7 +228,7 @@ func (s *Sampler) truncate(logits []float32, idx []int32, m float32) (n int) {
 				sorted = true
 				break
 			}
-			k = min(n, k*8)
+			done, k = k, min(n, k*8)
 		}
 	}
 	if mp := float64(s.p.MinP); mp > 0 {

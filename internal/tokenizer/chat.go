@@ -74,6 +74,21 @@ func (t *Tokenizer) ChatTemplateName() string {
 // It returns an error wrapping ErrNoChatTemplate when the template is
 // absent or not one this package knows.
 func (t *Tokenizer) ApplyChatTemplate(msgs []Message, addGenerationPrompt bool) (string, error) {
+	return t.ApplyChatTemplateOptions(msgs, ChatOptions{AddGenerationPrompt: addGenerationPrompt})
+}
+
+// ChatOptions are the template variables ApplyChatTemplateOptions honours.
+type ChatOptions struct {
+	AddGenerationPrompt bool
+	// DisableThinking is Qwen3's enable_thinking=false: the generation
+	// prompt gets an empty <think></think> block so the model answers
+	// directly. Other templates ignore it.
+	DisableThinking bool
+}
+
+// ApplyChatTemplateOptions is ApplyChatTemplate with template options.
+func (t *Tokenizer) ApplyChatTemplateOptions(msgs []Message, opt ChatOptions) (string, error) {
+	addGenerationPrompt := opt.AddGenerationPrompt
 	kind := recogniseChat(t.cfg.ChatTemplate)
 	if kind == chatNone {
 		if t.cfg.ChatTemplate == "" {
@@ -88,6 +103,9 @@ func (t *Tokenizer) ApplyChatTemplate(msgs []Message, addGenerationPrompt bool) 
 			return "", fmt.Errorf("tokenizer: the qwen3 chat template needs at least one message")
 		}
 		renderQwen3(&b, msgs, addGenerationPrompt)
+		if addGenerationPrompt && opt.DisableThinking {
+			b.WriteString("<think>\n\n</think>\n\n")
+		}
 	case chatQwen25, chatQwen2, chatChatML:
 		renderChatML(&b, kind, msgs, addGenerationPrompt)
 	case chatLlama3:

@@ -85,6 +85,11 @@ func TestChatTemplateQwen3(t *testing.T) {
 			t.Errorf("%s:\n got %q\nwant %q", c.name, got, c.want)
 		}
 	}
+	// enable_thinking=false appends an empty think block to the prompt.
+	got, err := tok.ApplyChatTemplateOptions([]Message{u("Hi")}, ChatOptions{AddGenerationPrompt: true, DisableThinking: true})
+	if want := "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"; got != want || err != nil {
+		t.Errorf("thinking disabled: got %q, %v want %q", got, err, want)
+	}
 	// The rendered prompt tokenizes with the control tokens as single ids.
 	p, _ := tok.ApplyChatTemplate([]Message{u("Hi")}, true)
 	ids := tok.Encode(p, EncodeOptions{ParseSpecial: true})
