@@ -151,7 +151,6 @@ func TestContextLengthRejected(t *testing.T) {
 	c.waitIdle()
 }
 
-
 // waitStats polls until cond holds on the first decode worker's stats.
 func (c *cluster) waitFor(what string, cond func() bool) {
 	c.t.Helper()
@@ -311,4 +310,24 @@ func TestNoWorkersAndShutdown(t *testing.T) {
 	if reqerr.KindOf(err) != reqerr.KindNoWorkers {
 		t.Fatalf("all decoders draining: %v", err)
 	}
+}
+
+// TestPrefillFailureAbortsDecode: a prefill that fails before its machine
+// sees the room (here: no link to the decode worker) aborts the decode side
+// at once, and the client gets the prefill's error, not a generic abort or
+// the decode side's transfer timeout (30 s, beyond this test's bound).
+func TestPrefillFailureAbortsDecode(t *testing.T) {
+	c := newCluster(t, clusterOpts{noLinks: true})
+	s, err := c.r.Generate(context.Background(), &api.Request{ID: "l", Tenant: "t", Prompt: "the cat", MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = s.Next(ctx)
+	s.Close()
+	if reqerr.KindOf(err) != reqerr.KindPeerLost {
+		t.Fatalf("Next: %v, want the prefill's peer_lost", err)
+	}
+	c.waitFor("the router to let go", func() bool { d, p := c.r.InFlight(); return d == 0 && p == 0 })
 }
