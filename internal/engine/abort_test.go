@@ -194,6 +194,7 @@ func TestFenceMismatchFailsClosed(t *testing.T) {
 	}
 	// Overwrite the header of the room's second prompt page, as a stray
 	// write would.
+	before := h.dpool.Stats().FenceMismatches
 	hit := false
 	for pg := range int32(h.dpool.Total()) {
 		hd, err := h.dpool.Header(pg)
@@ -205,7 +206,6 @@ func TestFenceMismatchFailsClosed(t *testing.T) {
 	if !hit {
 		t.Fatal("no prompt page found")
 	}
-	before := h.dpool.Stats().FenceMismatches
 	h.dw.hold.Store(0)
 	h.dw.in.put(op{kind: opAbort})
 	ev, err := s.Next(h.ctx)

@@ -38,8 +38,10 @@ type WorkerInfo struct {
 // token and the decode worker the rest with the same parameters, so a
 // request's tokens do not depend on where they were sampled.
 type Sampling struct {
-	Temperature float64 // 0 means greedy (argmax)
+	Temperature float64 // 0 means greedy (argmax, lowest id on ties)
 	TopP        float64 // nucleus mass in (0, 1]; 0 or 1 means no cut
+	TopK        int     // keep the K most likely; 0 keeps all
+	MinP        float64 // keep tokens at least MinP times the best; 0 keeps all
 	Seed        uint64  // the router picks one when the client gave none
 }
 

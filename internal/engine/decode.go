@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvfence/kvfence/internal/kvpool"
 	"github.com/kvfence/kvfence/internal/model"
 	"github.com/kvfence/kvfence/internal/reqerr"
+	"github.com/kvfence/kvfence/internal/sampling"
 	"github.com/kvfence/kvfence/internal/transfer"
 	"github.com/kvfence/kvfence/internal/transfer/link"
 )
@@ -125,7 +127,7 @@ type driverState struct {
 	active  []*dreq
 	later   []transfer.RoomID // Finish calls owed after the current outputs
 	ws      *model.Workspace
-	smp     *sampler
+	zeros   []float32 // a logits row that advances a sampler's draw count
 	batch   []model.Seq
 	inBatch []*dreq
 	ops     []op
@@ -152,12 +154,13 @@ type dreq struct {
 	growth  []int32 // pages for generated tokens, reserved at admission
 	pages   []int32 // page table once active: prompt pages then growth
 	prompt  int
-	pos     int      // position of next[0] (the last emitted token, not yet in KV)
+	pos     int      // position of tok[0] (the last emitted token, or the last prompt token while lpOwed)
 	tok     [2]int32 // the chunk fed at the next step
 	ntok    int
 	gen     int  // tokens emitted so far
 	lpOwed  bool // the first token's logprobs are still to compute
 	first   int32
+	smp     *sampling.Sampler // this request's seeded sampler
 	stops   []int32
 	stamped int // pages of the table whose headers carry this room's fence
 }
@@ -208,7 +211,7 @@ func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
 		m: m, links: make(map[transfer.PeerID]link.Link), reqs: make(map[transfer.RoomID]*dreq),
 		fair: newFairQueue(),
 		ws:   cfg.Model.NewWorkspace(2*cfg.MaxRunning, cfg.MaxRunning, cfg.Threads),
-		smp:  newSampler(cfg.Model.Config.Vocab),
+		zeros: make([]float32, cfg.Model.Config.Vocab),
 	}
 	w.publish()
 	go w.run()
@@ -325,7 +328,12 @@ func (w *DecodeWorker) Generate(ctx context.Context, r *GenerateRequest) (TokenS
 	}
 	w.mu.waiting++
 	w.mu.Unlock()
-	q := &dreq{req: r, room: r.Open.Room, prompt: prompt, stops: r.StopIDs}
+	smp, err := sampling.New(samplingParams(r.Sampling, r.Logprobs, r.TopLogprobs), w.cfg.Model.Config.Vocab)
+	if err != nil {
+		w.unwait()
+		return nil, w.reject(reqerr.New(reqerr.KindInvalidRequest, "%v", err))
+	}
+	q := &dreq{req: r, room: r.Open.Room, prompt: prompt, stops: r.StopIDs, smp: smp}
 	q.stream = &stream{w: w, room: q.room, ch: make(chan TokenEvent, w.cfg.StreamBuffer), end: make(chan struct{})}
 	w.in.put(op{kind: opGenerate, gen: q})
 	return q.stream, nil
@@ -669,7 +677,12 @@ func (w *DecodeWorker) start(q *dreq, o transfer.StartDecode) {
 		}
 		return
 	}
-	w.emit(q, choice{id: o.FirstToken})
+	if advances(q.smp.Params()) {
+		// The prefill side drew the first token; draw once here too so
+		// this sampler continues where a single process would be.
+		_, _ = q.smp.Sample(w.d.zeros)
+	}
+	w.emit(q, sampling.Result{Token: o.FirstToken})
 }
 
 // isLast says whether the gen-th generated token tok ends the request.
@@ -685,13 +698,19 @@ func (w *DecodeWorker) isLast(q *dreq, tok int32, gen int) string {
 
 // emit sends a generated token to the stream and ends the sequence when it
 // is the last.
-func (w *DecodeWorker) emit(q *dreq, c choice) {
+func (w *DecodeWorker) emit(q *dreq, c sampling.Result) {
 	q.gen++
 	w.d.stats.GeneratedTokens++
-	fin := w.isLast(q, c.id, q.gen)
-	ev := TokenEvent{ID: c.id, Finish: fin}
+	fin := w.isLast(q, c.Token, q.gen)
+	ev := TokenEvent{ID: c.Token, Finish: fin}
 	if q.req.Logprobs || q.req.TopLogprobs > 0 {
-		ev.Logprob, ev.Top = c.logprob, c.top
+		ev.Logprob = c.LogProb
+		if len(c.Top) > 0 {
+			ev.Top = make([]TopLogprob, len(c.Top)) // c.Top aliases the sampler
+			for i, t := range c.Top {
+				ev.Top[i] = TopLogprob{ID: t.Token, Logprob: t.LogProb}
+			}
+		}
 	}
 	// The driver never blocks on a client: a sequence only steps when its
 	// stream has room (see step), and the first event goes to an empty one.
@@ -705,7 +724,7 @@ func (w *DecodeWorker) emit(q *dreq, c choice) {
 		return
 	}
 	q.pos = q.prompt + q.gen - 1
-	q.tok[0] = c.id
+	q.tok[0] = c.Token
 	q.ntok = 1
 }
 
@@ -762,31 +781,54 @@ func (w *DecodeWorker) step() bool {
 	d.stats.Steps++
 	d.stats.MaxBatch = max(d.stats.MaxBatch, len(d.batch))
 	for i, q := range d.inBatch {
-		r := q.req
-		lp := r.Logprobs || r.TopLogprobs > 0
 		if q.lpOwed {
 			q.lpOwed = false
-			c := d.smp.pick(d.ws.Logits(i, 0), r.Sampling, 0, lp, r.TopLogprobs)
-			c.id = q.first // the prefill side's choice stands
-			c.logprob = logprobOf(d.ws.Logits(i, 0), q.first)
+			// Sampling the recomputed row draws what the prefill side
+			// drew; its choice stands, with its logprob on this row.
+			row := d.ws.Logits(i, 0)
+			c, err := q.smp.Sample(row)
+			if err != nil {
+				w.endActive(q, "", reqerr.New(reqerr.KindInternal, "room %v: sampling: %v", q.room, err))
+				continue
+			}
+			c.Token, c.LogProb = q.first, logprobOf(row, q.first)
 			w.emit(q, c)
-			if q.state != dsActive {
+			if q.state != dsActive || len(d.batch[i].Tokens) == 1 {
 				continue
 			}
-			if len(d.batch[i].Tokens) == 1 {
-				continue
-			}
-			w.emit(q, d.smp.pick(d.ws.Logits(i, 1), r.Sampling, uint64(q.gen), lp, r.TopLogprobs))
+			w.sampleEmit(q, d.ws.Logits(i, 1))
 			continue
 		}
-		w.emit(q, d.smp.pick(d.ws.Logits(i, 0), r.Sampling, uint64(q.gen), lp, r.TopLogprobs))
+		w.sampleEmit(q, d.ws.Logits(i, 0))
 	}
 	w.apply(nil)
 	return true
 }
 
+func (w *DecodeWorker) sampleEmit(q *dreq, row []float32) {
+	c, err := q.smp.Sample(row)
+	if err != nil {
+		// NaN logits: the KV or the model is corrupt; never guess.
+		w.endActive(q, "", reqerr.New(reqerr.KindInternal, "room %v: sampling: %v", q.room, err))
+		return
+	}
+	w.emit(q, c)
+}
+
+// advances reports whether sampling with p draws a random number (and so
+// moves the sampler's stream).
+func advances(p sampling.Params) bool { return p.Temperature > 0 && p.TopK != 1 }
+
 func logprobOf(logits []float32, id int32) float32 {
-	return float32(float64(logits[id]) - logSumExp(logits))
+	m := float64(logits[0])
+	for _, v := range logits {
+		m = max(m, float64(v))
+	}
+	var sum float64
+	for _, v := range logits {
+		sum += math.Exp(float64(v) - m)
+	}
+	return float32(float64(logits[id]) - m - math.Log(sum))
 }
 
 // shutdownStep runs the shutdown phases; it reports true when the driver

@@ -15,6 +15,7 @@ import (
 	"github.com/kvfence/kvfence/internal/kvpool"
 	"github.com/kvfence/kvfence/internal/model"
 	"github.com/kvfence/kvfence/internal/modelbuild"
+	"github.com/kvfence/kvfence/internal/sampling"
 	"github.com/kvfence/kvfence/internal/tokenizer"
 	"github.com/kvfence/kvfence/internal/transfer"
 	"github.com/kvfence/kvfence/internal/transfer/inproc"
@@ -202,8 +203,11 @@ func (r result) ids() []int32 {
 }
 
 // run sends r through decode and prefill and reads the stream to its end.
-func (h *pd) run(r *req) result {
+func (h *pd) run(r *req) result { return h.runStops(r, nil) }
+
+func (h *pd) runStops(r *req, stops []int32) result {
 	g, p := h.open(r)
+	g.StopIDs = stops
 	s, err := h.dw.Generate(h.ctx, g)
 	if err != nil {
 		return result{err: err}
@@ -251,9 +255,18 @@ func (h *pd) waitRest() {
 	}
 }
 
-// reference generates greedily for prompt alone, with a plain store and one
-// forward call per token: what I7 compares against.
+// reference generates for prompt alone, with a plain store, one forward
+// call per token and one sampler: what I7 compares against.
 func reference(t testing.TB, m *model.Model, prompt []int32, max int, stops []int32) []int32 {
+	t.Helper()
+	var ids []int32
+	for _, e := range referenceEvents(t, m, prompt, max, stops, Sampling{}, false, 0) {
+		ids = append(ids, e.ID)
+	}
+	return ids
+}
+
+func referenceEvents(t testing.TB, m *model.Model, prompt []int32, max int, stops []int32, s Sampling, logprobs bool, top int) []TokenEvent {
 	t.Helper()
 	const ps = 16
 	pages := (len(prompt)+max)/ps + 1
@@ -264,19 +277,35 @@ func reference(t testing.TB, m *model.Model, prompt []int32, max int, stops []in
 	}
 	ws := m.NewWorkspace(len(prompt), 1, 1)
 	defer ws.Close()
-	var out []int32
+	smp, err := sampling.New(samplingParams(s, logprobs, top), m.Config.Vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []TokenEvent
 	toks, pos := prompt, 0
 	for {
 		if err := m.Forward(ws, store, []model.Seq{{Tokens: toks, Pos: pos, Pages: table, Logits: model.LogitsLast}}); err != nil {
 			t.Fatal(err)
 		}
-		next := argmax(ws.Logits(0, 0))
-		out = append(out, next)
-		if len(out) == max || m.Tok.IsEOG(next) || containsID(stops, next) {
+		c, err := smp.Sample(ws.Logits(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := TokenEvent{ID: c.Token, Logprob: c.LogProb}
+		for _, tl := range c.Top {
+			ev.Top = append(ev.Top, TopLogprob{ID: tl.Token, Logprob: tl.LogProb})
+		}
+		out = append(out, ev)
+		switch {
+		case m.Tok.IsEOG(c.Token) || containsID(stops, c.Token):
+			out[len(out)-1].Finish = FinishStop
+			return out
+		case len(out) == max:
+			out[len(out)-1].Finish = FinishLength
 			return out
 		}
 		pos += len(toks)
-		toks = []int32{next}
+		toks = []int32{c.Token}
 	}
 }
 

@@ -98,3 +98,69 @@ func TestContinuousBatching(t *testing.T) {
 	}
 	h.waitRest()
 }
+
+// TestSampledAndLogprobs: seeded sampling, stop ids and logprobs through
+// the PD path equal one process sampling the same request: the prefill
+// worker's first draw and the decode worker's later draws come from one
+// seeded stream, and the first token's logprobs are recomputed on decode.
+func TestSampledAndLogprobs(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 200, prefillPages: 64, chunk: 16, maxRunning: 8, window: 128})
+	rng := rand.New(rand.NewPCG(12, 12))
+	cases := []struct {
+		s        Sampling
+		logprobs bool
+		top      int
+		stops    bool
+	}{
+		{Sampling{}, true, 0, false},
+		{Sampling{}, true, 5, true},
+		{Sampling{Temperature: 0.9, Seed: 42}, false, 0, false},
+		{Sampling{Temperature: 1.3, TopP: 0.8, Seed: 7}, true, 3, false},
+		{Sampling{Temperature: 0.7, TopK: 20, MinP: 0.05, Seed: 99}, false, 2, true},
+		{Sampling{Temperature: 1, Seed: 5}, true, 1, false},
+	}
+	type out struct {
+		r     *req
+		stops []int32
+		res   result
+	}
+	outs := make([]out, len(cases))
+	var wg sync.WaitGroup
+	for i, c := range cases {
+		r := &req{tenant: "x", prompt: prompt(rng, 5+rng.IntN(30)), max: 1 + rng.IntN(14), sampling: c.s, logprobs: c.logprobs, top: c.top}
+		var stops []int32
+		if c.stops {
+			// Stop on the third token the request would generate.
+			full := referenceEvents(t, h.m, r.prompt, r.max, nil, c.s, false, 0)
+			if len(full) >= 3 {
+				stops = []int32{full[2].ID}
+			}
+		}
+		outs[i] = out{r: r, stops: stops}
+		wg.Go(func() { outs[i].res = h.runStops(r, stops) })
+	}
+	wg.Wait()
+	for i, o := range outs {
+		c := cases[i]
+		want := referenceEvents(t, h.m, o.r.prompt, o.r.max, o.stops, c.s, c.logprobs, c.top)
+		got := o.res.events
+		if o.res.err != nil || len(got) != len(want) {
+			t.Fatalf("case %d: %d events (%v), want %d", i, len(got), o.res.err, len(want))
+		}
+		for k := range want {
+			g, w := got[k], want[k]
+			if g.ID != w.ID || g.Finish != w.Finish || g.Logprob != w.Logprob || len(g.Top) != len(w.Top) {
+				t.Fatalf("case %d token %d: got %+v, want %+v", i, k, g, w)
+			}
+			for j := range w.Top {
+				if g.Top[j] != w.Top[j] {
+					t.Fatalf("case %d token %d top %d: got %+v, want %+v", i, k, j, g.Top[j], w.Top[j])
+				}
+			}
+			if c.logprobs && k > 0 && g.Logprob >= 0 {
+				t.Errorf("case %d token %d: logprob %v", i, k, g.Logprob)
+			}
+		}
+	}
+	h.waitRest()
+}

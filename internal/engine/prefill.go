@@ -12,6 +12,7 @@ import (
 	"github.com/kvfence/kvfence/internal/kvpool"
 	"github.com/kvfence/kvfence/internal/model"
 	"github.com/kvfence/kvfence/internal/reqerr"
+	"github.com/kvfence/kvfence/internal/sampling"
 	"github.com/kvfence/kvfence/internal/transfer"
 	"github.com/kvfence/kvfence/internal/transfer/link"
 )
@@ -96,7 +97,6 @@ type prefillState struct {
 	run     []*preq // rooms computing, in turn order
 	turn    int
 	ws      *model.Workspace
-	smp     *sampler
 	batch   []model.Seq
 	inBatch []*preq
 	ops     []op
@@ -158,7 +158,6 @@ func NewPrefillWorker(cfg PrefillConfig) (*PrefillWorker, error) {
 	w.d = prefillState{
 		m: m, links: make(map[transfer.PeerID]link.Link), rooms: make(map[transfer.RoomID]*preq),
 		ws:  cfg.Model.NewWorkspace(cfg.ChunkSize, cfg.MaxRunning, cfg.Threads),
-		smp: newSampler(cfg.Model.Config.Vocab),
 	}
 	w.publish()
 	go w.run()
@@ -251,8 +250,9 @@ func (w *PrefillWorker) validate(r *PrefillRequest) error {
 		return reqerr.New(reqerr.KindInvalidRequest, "room %v: prefill does not authenticate", r.Prefill.Room)
 	case len(r.Prompt) == 0 || len(r.Prompt) != int(r.Prefill.PromptTokens):
 		return reqerr.New(reqerr.KindInvalidRequest, "room %v: %d prompt tokens, the prefill says %d", r.Prefill.Room, len(r.Prompt), r.Prefill.PromptTokens)
-	case r.Sampling.Temperature < 0 || r.Sampling.TopP < 0 || r.Sampling.TopP > 1:
-		return reqerr.New(reqerr.KindInvalidRequest, "sampling parameters out of range")
+	}
+	if _, err := sampling.New(samplingParams(r.Sampling, false, 0), w.cfg.Model.Config.Vocab); err != nil {
+		return reqerr.New(reqerr.KindInvalidRequest, "%v", err)
 	}
 	vocab := int32(w.cfg.Model.Config.Vocab)
 	for _, t := range r.Prompt {
@@ -537,7 +537,17 @@ func (w *PrefillWorker) step() bool {
 		var first int32
 		last := s.Logits == model.LogitsLast
 		if last {
-			first = d.smp.pick(d.ws.Logits(i, 0), q.req.Sampling, 0, false, 0).id
+			smp, err := sampling.New(samplingParams(q.req.Sampling, false, 0), w.cfg.Model.Config.Vocab)
+			var res sampling.Result
+			if err == nil {
+				res, err = smp.Sample(d.ws.Logits(i, 0))
+			}
+			if err != nil {
+				w.cfg.Log.Error("prefill sampling failed; room aborted", "room", q.room, "err", err)
+				w.apply(d.m.Abort(q.room, reqerr.KindInternal, q.req.Prefill.Decode))
+				continue
+			}
+			first = res.Token
 		}
 		if !q.running || d.rooms[q.room] != q {
 			continue // stopped by an output of an earlier room in this batch
