@@ -209,8 +209,8 @@ func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.d = driverState{
 		m: m, links: make(map[transfer.PeerID]link.Link), reqs: make(map[transfer.RoomID]*dreq),
-		fair: newFairQueue(),
-		ws:   cfg.Model.NewWorkspace(2*cfg.MaxRunning, cfg.MaxRunning, cfg.Threads),
+		fair:  newFairQueue(),
+		ws:    cfg.Model.NewWorkspace(2*cfg.MaxRunning, cfg.MaxRunning, cfg.Threads),
 		zeros: make([]float32, cfg.Model.Config.Vocab),
 	}
 	w.publish()

@@ -157,7 +157,7 @@ func NewPrefillWorker(cfg PrefillConfig) (*PrefillWorker, error) {
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.d = prefillState{
 		m: m, links: make(map[transfer.PeerID]link.Link), rooms: make(map[transfer.RoomID]*preq),
-		ws:  cfg.Model.NewWorkspace(cfg.ChunkSize, cfg.MaxRunning, cfg.Threads),
+		ws: cfg.Model.NewWorkspace(cfg.ChunkSize, cfg.MaxRunning, cfg.Threads),
 	}
 	w.publish()
 	go w.run()
