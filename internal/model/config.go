@@ -104,6 +104,18 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 		}
 	}
 
+	if _, ok := f.Get(p + "rope.dimension_count"); ok {
+		// Partial rotary embedding (fewer rotated dimensions than the head)
+		// is not implemented; refuse rather than compute something else.
+		rd, err := f.Uint(p + "rope.dimension_count")
+		if err != nil {
+			return c, fmt.Errorf("model: %w", err)
+		}
+		if int(rd) != c.HeadDim {
+			return c, fmt.Errorf("%w: %srope.dimension_count %d differs from the head dimension %d", ErrUnsupported, p, rd, c.HeadDim)
+		}
+	}
+
 	c.RopeBase = 10000
 	if v, ok := f.Get(p + "rope.freq_base"); ok && v != nil {
 		if c.RopeBase, err = f.Float(p + "rope.freq_base"); err != nil {

@@ -29,6 +29,7 @@ type spec struct {
 	seed                            uint64
 	mutate                          func(name string, typ *gguf.TensorType, dims *[]uint64) // breaks tensors for error tests
 	skipKeys                        map[string]bool                                         // metadata keys and tensors left out
+	extraKeys                       map[string]any                                          // metadata added or replaced
 }
 
 func (s spec) String() string {
@@ -78,6 +79,9 @@ func (s spec) build(t testing.TB) []byte {
 	if s.ropeScale != 0 && s.ropeScale != 1 {
 		set(p+"rope.scaling.type", "linear")
 		set(p+"rope.scaling.factor", float32(s.ropeScale))
+	}
+	for k, v := range s.extraKeys {
+		w.Set(k, v)
 	}
 	add := func(name string, typ gguf.TensorType, dims []uint64, scale, mean float64) {
 		if s.skipKeys[name] {

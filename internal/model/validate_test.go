@@ -114,6 +114,21 @@ func TestLoadErrors(t *testing.T) {
 			}
 			return s
 		}, []string{"blk.0.attn_norm.weight", "Q8_0"}},
+		{"partial rope", func() spec {
+			s := tinySpec("llama", gguf.TypeF32, false)
+			s.extraKeys = map[string]any{"llama.rope.dimension_count": uint32(8)}
+			return s
+		}, []string{"rope.dimension_count 8", "16"}},
+		{"yarn rope", func() spec {
+			s := tinySpec("qwen2", gguf.TypeF32, false)
+			s.extraKeys = map[string]any{"qwen2.rope.scaling.type": "yarn"}
+			return s
+		}, []string{"yarn", "none, linear"}},
+		{"string where a number belongs", func() spec {
+			s := tinySpec("qwen3", gguf.TypeF32, false)
+			s.extraKeys = map[string]any{"qwen3.block_count": "two"}
+			return s
+		}, []string{"qwen3.block_count"}},
 		{"missing bias", func() spec {
 			s := tinySpec("qwen2", gguf.TypeF32, false)
 			s.skipKeys = map[string]bool{"blk.1.attn_q.bias": true}
