@@ -494,6 +494,26 @@ func TestServeErrors(t *testing.T) {
 	if m[`kvfence_kv_pool_pages{role="decode",state="free"}`] == 0 {
 		t.Fatalf("pool gauges %v", m)
 	}
+	all := f.metrics("kvfence_")
+	for _, name := range []string{
+		`kvfence_decode_deferred_kv_release_total{outcome="drained"}`,
+		`kvfence_decode_deferred_kv_release_total{outcome="timeout"}`,
+		`kvfence_kv_pool_tokens{role="decode"}`,
+		`kvfence_kv_fence_mismatches_total{role="decode"}`,
+		`kvfence_kv_checksum_failures_total{role="decode"}`,
+		`kvfence_kv_quarantined_pages_total{role="decode"}`,
+		`kvfence_http_rejected_requests_total{reason="context_length_exceeded"}`,
+	} {
+		if _, ok := all[name]; !ok {
+			t.Errorf("metric %s missing", name)
+		}
+	}
+	if w := all[`kvfence_context_window_tokens{role="decode"}`]; w != serveTestCtx {
+		t.Errorf("context window gauge %v, want %d", w, serveTestCtx)
+	}
+	if all[`kvfence_http_rejected_requests_total{reason="context_length_exceeded"}`] != 2 {
+		t.Errorf("rejections counted: %v", all[`kvfence_http_rejected_requests_total{reason="context_length_exceeded"}`])
+	}
 	after := f.metrics("kvfence_admissions_rejected_total")
 	if len(after) != len(before) {
 		t.Fatalf("a worker saw the rejected request: %v -> %v", before, after)

@@ -164,7 +164,11 @@ func (s *stream) Close() {
 		go func() {
 			defer s.r.wg.Done()
 			ev, err := s.ts.Next(s.r.base)
-			s.finishStream(err == nil && ev.Finish == "")
+			// Abort unless the generation already ended by itself (its
+			// first event was its last, or it failed); a hard stop of the
+			// router (base ended) aborts too.
+			ended := err == nil && ev.Finish != "" || err != nil && s.r.base.Err() == nil
+			s.finishStream(!ended)
 		}()
 	}
 }
