@@ -18,7 +18,7 @@ type Config struct {
 	Prefills     int // prefill workers, default 2
 	Decodes      int // decode workers, default 2
 	DecodePages  int // pages per decode pool, default 8
-	PrefillPages int // pages per prefill pool, default 8
+	PrefillPages int // pages per prefill pool, default 16
 	PageSize     int // tokens per page, default 4
 	// Window is the context window (prompt + max tokens) of every worker;
 	// default 24 tokens, less than either pool holds (I6).
@@ -56,8 +56,8 @@ type Faults struct {
 func DefaultFaults() Faults {
 	return Faults{
 		Drop: 0.01, Dup: 0.03, Delay: 20,
-		WriteDelay: 15, Late: 0.1, LateDelay: 300, AckDelay: 10,
-		Abort: 0.25, AbortWithin: 200,
+		WriteDelay: 15, Late: 0.1, LateDelay: 200, AckDelay: 10,
+		Abort: 0.25, AbortWithin: 150,
 		Crashes: 2, Resets: 3, TooLong: 0.05,
 	}
 }
@@ -141,7 +141,12 @@ type Stats struct {
 	Deferred, Quarantined, Released      int // page-release outputs seen
 	FenceFailsAtRead                     int // the decode engine's fence check refused a page
 	Redecided                            int // a restarted decode worker decided a request its predecessor had
-	Ignored                              [numInvariants]int
+	// AbortsAtDecode and AbortsAtPrefill count router aborts by the room's
+	// state when they arrived (index 0: unknown or closed; else the
+	// transfer.DState / transfer.PState): aborts must hit every stage.
+	AbortsAtDecode  [6]int
+	AbortsAtPrefill [6]int
+	Ignored         [numInvariants]int
 }
 
 // Add adds o's counters to s.
@@ -172,6 +177,10 @@ func (s *Stats) Add(o Stats) {
 	s.Released += o.Released
 	s.FenceFailsAtRead += o.FenceFailsAtRead
 	s.Redecided += o.Redecided
+	for i := range s.AbortsAtDecode {
+		s.AbortsAtDecode[i] += o.AbortsAtDecode[i]
+		s.AbortsAtPrefill[i] += o.AbortsAtPrefill[i]
+	}
 	for i := range s.Ignored {
 		s.Ignored[i] += o.Ignored[i]
 	}
@@ -186,7 +195,7 @@ type Result struct {
 // Timing of the simulated system, in ticks.
 const (
 	tickEvery       = 10
-	arrivalSpread   = 16   // requests arrive 0..arrivalSpread-1 ticks apart
+	arrivalSpread   = 32   // requests arrive 0..arrivalSpread-1 ticks apart
 	transferTimeout = 400  // decode: Grant -> Done
 	drainTimeout    = 120  // decode: deferred release -> quarantine
 	waitTimeout     = 400  // prefill: waiting for grant, prefill request or pages
@@ -334,7 +343,7 @@ func (c *Config) defaults() {
 		c.DecodePages = 8
 	}
 	if c.PrefillPages <= 0 {
-		c.PrefillPages = 8
+		c.PrefillPages = 16
 	}
 	if c.PageSize <= 0 {
 		c.PageSize = 4
@@ -704,6 +713,9 @@ func (s *Sim) deliver(e *event) {
 		from := routerID
 		if !e.rtr {
 			from = s.dc[e.d].id
+		} else if e.msg.Type() == transfer.TypeAbort {
+			st, _ := s.pf[e.p].m.State(e.msg.Env().Room)
+			s.stats.AbortsAtPrefill[min(int(st), 5)]++
 		}
 		if s.tr {
 			s.tracef(int(e.req), "p%d <- %v", e.p, e.msg)
@@ -716,6 +728,8 @@ func (s *Sim) deliver(e *event) {
 		from = s.pf[e.p].id
 	}
 	if e.msg.Type() == transfer.TypeAbort && e.req >= 0 {
+		st, _ := s.dc[e.d].m.State(e.msg.Env().Room)
+		s.stats.AbortsAtDecode[min(int(st), 5)]++
 		r := &s.reqs[e.req]
 		s.decisionBy(r, e.d)
 		r.dAborted = true

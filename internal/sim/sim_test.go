@@ -116,6 +116,22 @@ func checkCoverage(t *testing.T, st Stats) {
 			t.Errorf("the sweep saw no %s: the faults are not being exercised", c.name)
 		}
 	}
+	for _, c := range []struct {
+		name string
+		n    int
+	}{
+		{"the decode side has not heard of", st.AbortsAtDecode[0]},
+		{"queued on the decode side", st.AbortsAtDecode[transfer.DQueued]},
+		{"granted", st.AbortsAtDecode[transfer.DGranted]},
+		{"decoding", st.AbortsAtDecode[transfer.DActive]},
+		{"the prefill side has not heard of", st.AbortsAtPrefill[0]},
+		{"prefilling before the grant", st.AbortsAtPrefill[transfer.PWaitGrant]},
+		{"writing pages", st.AbortsAtPrefill[transfer.PRunning]},
+	} {
+		if c.n == 0 {
+			t.Errorf("no client abort reached a room %s: aborts do not cover every stage", c.name)
+		}
+	}
 	if st.Succeeded < st.Requests/5 {
 		t.Errorf("only %d of %d requests succeeded: the simulated system is too hostile to test the happy path", st.Succeeded, st.Requests)
 	}
@@ -127,8 +143,8 @@ func TestSweepSmall(t *testing.T) {
 	st, vs := sweep(1, 100, transfer.Protections{}, 0, 3)
 	reportViolations(t, vs, transfer.Protections{}, 0)
 	checkCoverage(t, st)
-	t.Logf("%d seeds, %d requests, %d events: %d succeeded, failed by kind %v, %d client aborts, %d late landings",
-		st.Runs, st.Requests, st.Events, st.Succeeded, st.Failed, st.ClientAborts, st.LateLandings)
+	t.Logf("%d seeds, %d requests, %d events: %d succeeded, failed by kind %v, %d client aborts (at decode states %v, prefill states %v)",
+		st.Runs, st.Requests, st.Events, st.Succeeded, st.Failed, st.ClientAborts, st.AbortsAtDecode, st.AbortsAtPrefill)
 }
 
 func TestDeterministic(t *testing.T) {
