@@ -128,11 +128,12 @@ func TestAbortsAtRandomPoints(t *testing.T) {
 // old connection with peer_lost on both sides and releases their pages;
 // the link serves new requests afterwards.
 func TestPeerLost(t *testing.T) {
-	h := newPD(t, pdOptions{pageSize: 4, decodePages: 100, prefillPages: 64, chunk: 16, maxRunning: 8, window: 100})
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 100, prefillPages: 64, chunk: 16, maxRunning: 3, window: 100})
 	rng := rand.New(rand.NewPCG(4, 4))
-	// Decode side: granted rooms whose prefill never comes.
+	// Decode side: granted rooms whose prefill never comes, and one more
+	// waiting for a running slot.
 	var streams []TokenStream
-	for range 3 {
+	for range 4 {
 		g, _ := h.open(&req{tenant: "a", prompt: prompt(rng, 10), max: 5})
 		s, err := h.dw.Generate(h.ctx, g)
 		if err != nil {
@@ -147,7 +148,7 @@ func TestPeerLost(t *testing.T) {
 		_, p := h.open(&req{tenant: "b", prompt: prompt(rng, 10), max: 5})
 		go func() { perrs <- h.pw.Prefill(h.ctx, p) }()
 	}
-	for h.dw.Stats().Machine.Granted < 3 || h.pw.Stats().Machine.Admitted < 2 {
+	for h.dw.Stats().Machine.Granted < 3 || h.dw.Stats().Queued < 1 || h.pw.Stats().Machine.Admitted < 2 {
 		time.Sleep(time.Millisecond)
 	}
 	if cnt := h.dpool.Counts(); cnt.Allocated == 0 {

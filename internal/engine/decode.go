@@ -121,6 +121,7 @@ type DecodeWorker struct {
 type driverState struct {
 	m       *transfer.DecodeMachine
 	links   map[transfer.PeerID]link.Link
+	epochs  map[transfer.PeerID]uint64 // last connection epoch seen per prefill peer
 	reqs    map[transfer.RoomID]*dreq
 	fair    fairQueue
 	running int // requests holding pages (opened or active)
@@ -209,9 +210,10 @@ func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.d = driverState{
 		m: m, links: make(map[transfer.PeerID]link.Link), reqs: make(map[transfer.RoomID]*dreq),
-		fair:  newFairQueue(),
-		ws:    cfg.Model.NewWorkspace(2*cfg.MaxRunning, cfg.MaxRunning, cfg.Threads),
-		zeros: make([]float32, cfg.Model.Config.Vocab),
+		epochs: make(map[transfer.PeerID]uint64),
+		fair:   newFairQueue(),
+		ws:     cfg.Model.NewWorkspace(2*cfg.MaxRunning, cfg.MaxRunning, cfg.Threads),
+		zeros:  make([]float32, cfg.Model.Config.Vocab),
 	}
 	w.publish()
 	go w.run()
@@ -457,10 +459,13 @@ func (w *DecodeWorker) handle(o *op) {
 	case opLink:
 		d.links[o.link.Peer()] = o.link
 	case opDeliver:
-		if a, ok := o.msg.(*transfer.Abort); ok {
-			if q := d.reqs[a.Room]; q != nil && q.state == dsQueued {
+		switch m := o.msg.(type) {
+		case *transfer.Abort:
+			if q := d.reqs[m.Room]; q != nil && q.state == dsQueued {
 				w.endQueued(q, reqerr.New(reqerr.KindAborted, "room %v aborted before admission", q.room))
 			}
+		case *transfer.PeerEpoch:
+			w.peerEpoch(o.from, m)
 		}
 		w.apply(d.m.Step(o.from, o.msg))
 	case opReject:
@@ -498,6 +503,28 @@ func (w *DecodeWorker) handle(o *op) {
 		}
 	case opAbort:
 		// Close woke the driver; shutdownStep does the work.
+	}
+}
+
+// peerEpoch fails the requests still waiting for admission whose prefill
+// peer reconnected: the prefill side has failed its rooms for this worker
+// (the same rule as the machine's for the rooms it holds), so their
+// transfers would never come. The first epoch of a peer is a first
+// connection, not a loss.
+func (w *DecodeWorker) peerEpoch(from transfer.PeerID, m *transfer.PeerEpoch) {
+	d := &w.d
+	if !w.cfg.Auth.Verify(m) || m.Epoch <= d.epochs[m.Peer] {
+		return
+	}
+	prev := d.epochs[m.Peer]
+	d.epochs[m.Peer] = m.Epoch
+	if prev == 0 {
+		return
+	}
+	for _, q := range d.fair.all() {
+		if q.req.Open.Prefill == m.Peer {
+			w.endQueued(q, reqerr.New(reqerr.KindPeerLost, "room %v: prefill peer %d reconnected", q.room, m.Peer))
+		}
 	}
 }
 
