@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -395,7 +396,7 @@ func startWorkers(o *serveOptions, path string, auth *transfer.Auth, log *slog.L
 		KeyBase: binary.LittleEndian.Uint64(kb[:]), Log: log.With("role", "decode"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("decode worker: %w", err)
+		return nil, fmt.Errorf("decode worker: %w%s", err, poolHint(err))
 	}
 	w.pre, err = engine.NewPrefillWorker(engine.PrefillConfig{
 		Model: m, Pool: ppool, Auth: auth, Self: peerPrefill, Router: peerRouter,
@@ -404,7 +405,7 @@ func startWorkers(o *serveOptions, path string, auth *transfer.Auth, log *slog.L
 		Log: log.With("role", "prefill"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("prefill worker: %w", err)
+		return nil, fmt.Errorf("prefill worker: %w%s", err, poolHint(err))
 	}
 	for _, n := range []struct {
 		role string
@@ -425,6 +426,14 @@ func startWorkers(o *serveOptions, path string, auth *transfer.Auth, log *slog.L
 	w.decoders = []engine.Decoder{w.dec}
 	w.prefillers = []engine.Prefiller{w.pre}
 	return w, nil
+}
+
+// poolHint names the flags that resolve an I6 refusal.
+func poolHint(err error) string {
+	if errors.Is(err, kvpool.ErrPoolTooSmall) {
+		return " (flags: --kv-cache-memory, --context-length, or --lower-context-to-fit to lower the window to the pool)"
+	}
+	return ""
 }
 
 // close stops the workers (bounded by ctx: aborted transfers drain or the

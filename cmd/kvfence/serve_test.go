@@ -628,3 +628,48 @@ func TestServeFlags(t *testing.T) {
 		t.Fatalf("serve --help exit %d", code)
 	}
 }
+
+// TestServePoolSmallerThanWindow: I6. A pool that cannot hold the context
+// window refuses to start, naming both numbers; --lower-context-to-fit
+// lowers the window to the pool instead, and the API and the metrics say so.
+func TestServePoolSmallerThanWindow(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tiny.gguf")
+	if err := modelbuild.Write(modelbuild.Options{
+		Arch: "qwen3", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 32, FF: 96, Ctx: serveTestCtx,
+		Type: gguf.TypeQ8_0, Seed: 11, Tokenizer: serveTokenizer(), Name: "tiny",
+	}, path); err != nil {
+		t.Fatal(err)
+	}
+	// A page of this model is 64 + 2 layers x (K+V) x 16 slots x 2 heads x
+	// 32 dims x 4 bytes = 16448 bytes: 64 KiB holds 3 pages, 48 tokens.
+	o, err := parseServeFlags([]string{"--model", path, "--kv-cache-memory", "64KiB", "--threads", "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logBuf syncBuffer
+	err = serve(context.Background(), o, ln, slog.New(slog.NewTextHandler(&logBuf, nil)))
+	if err == nil || !strings.Contains(err.Error(), "48 tokens") || !strings.Contains(err.Error(), "256 tokens") || !strings.Contains(err.Error(), "--lower-context-to-fit") {
+		t.Fatalf("serve with a small pool: %v", err)
+	}
+
+	f := startServe(t, "--kv-cache-memory", "64KiB", "--lower-context-to-fit")
+	c := f.client("team-a")
+	models, err := c.Models.List(serveTestContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(models.Data) != 1 {
+		t.Fatalf("models %+v", models.Data)
+	}
+	if w := f.metrics("kvfence_context_window_tokens")[`kvfence_context_window_tokens{role="decode"}`]; w != 48 {
+		t.Fatalf("context window gauge %v, want 48", w)
+	}
+	if !strings.Contains(f.logBuf.String(), "pool_tokens=48") {
+		t.Fatalf("the log does not give the pool in tokens:\n%s", f.logBuf.String())
+	}
+}
