@@ -314,7 +314,9 @@ func (r *Router) Shutdown(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// InFlight returns the number of streams whose goroutines have not exited.
+// InFlight returns the requests this router has in flight on decode workers
+// (streams not yet released) and on prefill workers (prefill calls not yet
+// returned). Tests and operators use it to see that everything let go.
 func (r *Router) InFlight() (decode, prefill int64) {
 	for i := range r.decSlot {
 		decode += r.decSlot[i].inFlight.Load()

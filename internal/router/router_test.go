@@ -331,3 +331,72 @@ func TestPrefillFailureAbortsDecode(t *testing.T) {
 	}
 	c.waitFor("the router to let go", func() bool { d, p := c.r.InFlight(); return d == 0 && p == 0 })
 }
+
+// TestLogprobsAndSeeds: logprobs and top logprobs pass through with their
+// bytes; the greedy token is the most likely alternative; a sampled request
+// with a seed repeats exactly.
+func TestLogprobsAndSeeds(t *testing.T) {
+	c := newCluster(t, clusterOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.r.Generate(ctx, &api.Request{ID: "lp", Tenant: "t", Prompt: prompts[0], MaxTokens: 6, Logprobs: true, TopLogprobs: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		tok, err := s.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if len(tok.Top) != 3 || tok.Top[0].ID != tok.ID || tok.Top[0].Logprob != tok.Logprob ||
+			tok.Logprob > 0 || tok.Top[1].Logprob > tok.Top[0].Logprob || tok.Bytes != c.m.Tok.Piece(tok.ID) ||
+			tok.Top[2].Bytes != c.m.Tok.Piece(tok.Top[2].ID) {
+			t.Fatalf("token %d: %+v", n, tok)
+		}
+	}
+	s.Close()
+	if n != 6 {
+		t.Fatalf("%d tokens, want 6", n)
+	}
+
+	seed := int64(42)
+	sampled := func() []int32 {
+		s, err := c.r.Generate(ctx, &api.Request{ID: "s", Tenant: "t", Prompt: prompts[1], MaxTokens: 12, Temperature: 1, TopP: 1, Seed: &seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, _, _, err := collect(t, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	a, b := sampled(), sampled()
+	prompt, _ := Tokenize(c.m.Tok, &api.Request{Prompt: prompts[1]})
+	if !equal(a, b) || equal(a, greedy(t, c.m, prompt, 12)) {
+		t.Fatalf("seeded samples %v and %v: want equal to each other and different from greedy", a, b)
+	}
+	c.waitIdle()
+}
+
+// BenchmarkGenerate measures one short request end to end through the
+// router, both workers and the inproc transport on the tiny model.
+func BenchmarkGenerate(b *testing.B) {
+	c := newCluster(b, clusterOpts{})
+	req := &api.Request{ID: "b", Tenant: "t", Prompt: prompts[0], MaxTokens: 8}
+	b.ReportAllocs()
+	for b.Loop() {
+		s, err := c.r.Generate(context.Background(), req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, _, err := collect(b, s); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
