@@ -126,6 +126,7 @@ type driverState struct {
 	fair    fairQueue
 	running int // requests holding pages (opened or active)
 	active  []*dreq
+	scratch []*dreq
 	later   []transfer.RoomID // Finish calls owed after the current outputs
 	ws      *model.Workspace
 	zeros   []float32 // a logits row that advances a sampler's draw count
@@ -764,7 +765,8 @@ func (w *DecodeWorker) step() bool {
 	}
 	ps := w.cfg.Pool.PageSize()
 	d.batch, d.inBatch = d.batch[:0], d.inBatch[:0]
-	for _, q := range slices.Clone(d.active) {
+	d.scratch = append(d.scratch[:0], d.active...) // endActive edits d.active
+	for _, q := range d.scratch {
 		if len(q.stream.ch) >= cap(q.stream.ch)-1 {
 			continue // the client is behind; this sequence waits
 		}
