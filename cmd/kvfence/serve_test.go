@@ -618,6 +618,12 @@ func TestServeFlags(t *testing.T) {
 		o.protections.NoFenceCheck || len(o.unsafeFlagsChanged) != 2 || o.host != "127.0.0.1" || o.port != 8080 {
 		t.Fatalf("options %+v", o)
 	}
+	for in, want := range map[string]string{"256MiB": "256MiB", "1G": "1GiB", "1.5GiB": "1536MiB", "1000": "1000", "64KiB": "64KiB"} {
+		var b byteSize
+		if err := b.Set(in); err != nil || b.String() != want {
+			t.Errorf("byteSize %q: %q, %v; want %q", in, b.String(), err, want)
+		}
+	}
 	for _, bad := range [][]string{{"--abort-policy", "later"}, {"--kv-cache-memory", "lots"}, {"--port", "70000"}} {
 		if _, err := parseServeFlags(bad); err == nil {
 			t.Errorf("%v accepted", bad)
