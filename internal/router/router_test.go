@@ -400,3 +400,27 @@ func BenchmarkGenerate(b *testing.B) {
 		}
 	}
 }
+
+// TestPairingSkipsDrainingWorkers: a decode worker that is shutting down
+// gets no new request; its peer takes them all.
+func TestPairingSkipsDrainingWorkers(t *testing.T) {
+	c := newCluster(t, clusterOpts{decoders: 2, prefillers: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.dec[0].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		s, err := c.r.Generate(ctx, &api.Request{ID: "d", Tenant: "t", Prompt: "the cat", MaxTokens: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, _, err := collect(t, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, b := c.dec[0].Stats().Machine.Started, c.dec[1].Stats().Machine.Started; a != 0 || b != 3 {
+		t.Fatalf("transfers: draining worker %d, live worker %d; want 0 and 3", a, b)
+	}
+	c.waitIdle()
+}
