@@ -1,0 +1,89 @@
+package engine
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/kvfence/kvfence/internal/kvpool"
+	"github.com/kvfence/kvfence/internal/reqerr"
+	"github.com/kvfence/kvfence/internal/transfer"
+	"github.com/kvfence/kvfence/internal/transfer/inproc"
+	"github.com/kvfence/kvfence/internal/transfer/link"
+)
+
+// TestDrainTimeoutQuarantinesUntilNewEpoch runs under synctest's fake
+// clock: a granted room whose prefill peer is unreachable is aborted; no
+// Drained can come, so after the drain timeout its pages go to quarantine
+// (outcome timeout), and only a new connection epoch with that peer frees
+// them.
+func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
+	m := tinyModel(t)
+	synctest.Test(t, func(t *testing.T) {
+		auth, _ := transfer.NewAuth(secret)
+		pool, err := kvpool.New(kvpool.Config{Shape: PoolShape(m, 4), Pages: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dw, err := NewDecodeWorker(DecodeConfig{Model: m, Pool: pool, Auth: auth, Self: decodeID, ContextWindow: 100,
+			Threads: 1, TickInterval: 10 * time.Millisecond, DrainTimeout: 50, TransferTimeout: 100000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { // the bubble ends only when the driver has
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			dw.Close(ctx)
+		}()
+		h := &pd{t: t, m: m, auth: auth}
+		r := &req{tenant: "a", prompt: prompt(rand.New(rand.NewPCG(1, 1)), 10), max: 5}
+		g, _ := h.open(r)
+		ctx := context.Background()
+		s, err := dw.Generate(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if st := dw.Stats(); st.Machine.Granted != 1 || st.Pool.Allocated != 4 {
+			t.Fatalf("granted %d, allocated %d", st.Machine.Granted, st.Pool.Allocated)
+		}
+		dw.Abort(h.abortMsg(r.room))
+		if _, err := s.Next(ctx); reqerr.KindOf(err) != reqerr.KindAborted {
+			t.Fatalf("stream: %v", err)
+		}
+		s.Close()
+		synctest.Wait()
+		if c := pool.Counts(); c.Deferred != 3 || c.Allocated != 0 {
+			t.Fatalf("after the abort: %+v, want the 3 prompt pages deferred and the growth page free", c)
+		}
+		time.Sleep(49 * 10 * time.Millisecond)
+		synctest.Wait()
+		if c := pool.Counts(); c.Deferred != 3 {
+			t.Fatalf("before the drain timeout: %+v", c)
+		}
+		time.Sleep(2 * 10 * time.Millisecond)
+		synctest.Wait()
+		if c, st := pool.Counts(), dw.Stats(); c.Quarantined != 3 || c.Deferred != 0 || st.DeferredTimeout != 1 || st.DeferredDrained != 0 {
+			t.Fatalf("after the drain timeout: %+v, timeout %d drained %d", c, st.DeferredTimeout, st.DeferredDrained)
+		}
+		// The prefill peer connects (epoch 1): nothing of an older
+		// connection can land any more.
+		pw := &nullSink{}
+		pair := inproc.New(inproc.Config{Auth: auth}, inproc.Side{ID: prefillID, Sink: pw}, inproc.Side{ID: decodeID, Sink: dw}, dw.Receiver())
+		synctest.Wait()
+		if c := pool.Counts(); c.Free != c.Total {
+			t.Errorf("after the new epoch: %+v", c)
+		}
+		if err := dw.Close(ctx); err != nil {
+			t.Error(err)
+		}
+		pair.Decode().Close()
+	})
+}
+
+type nullSink struct{}
+
+func (nullSink) Deliver(transfer.PeerID, transfer.Message) {}
+func (nullSink) Landed(link.Report)                         {}
