@@ -86,4 +86,4 @@ func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 type nullSink struct{}
 
 func (nullSink) Deliver(transfer.PeerID, transfer.Message) {}
-func (nullSink) Landed(link.Report)                         {}
+func (nullSink) Landed(link.Report)                        {}
