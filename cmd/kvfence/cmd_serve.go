@@ -203,7 +203,7 @@ func demoModel() (modelbuild.Options, error) {
 	}
 	return modelbuild.Options{
 		Arch: "qwen3", Layers: 4, Dim: 256, Heads: 4, KVHeads: 2, HeadDim: 64, FF: 768, Ctx: 4096,
-		Type: gguf.TypeQ8_0, Seed: 1, Tied: true, Tokenizer: tc, Name: "kvfence-demo-qwen3-random",
+		Type: gguf.TypeQ8_0, Seed: 1, Tokenizer: tc, Name: "kvfence-demo-qwen3-random",
 	}, nil
 }
 
