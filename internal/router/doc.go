@@ -41,8 +41,12 @@
 //
 // # Lifecycle
 //
-// New starts nothing. Each stream owns one goroutine that reads the decode
-// worker's events. Shutdown refuses new requests (KindShuttingDown), waits
-// for the streams in flight until its context ends, then aborts the rest and
-// waits for their goroutines to exit.
+// New starts nothing. Each stream owns one goroutine, which runs the
+// blocking prefill call; a stream closed before its first token under
+// AbortFirstToken also owns the goroutine that waits for that token. The
+// handler's goroutine reads the decode worker's events itself, so a token
+// costs no hand-off. StopAccepting refuses new requests (KindShuttingDown,
+// and Ready says so); Shutdown does that, waits for the streams in flight
+// and their goroutines until its context ends, then ends the first-token
+// waits (aborting those rooms) and waits for the goroutines to exit.
 package router
