@@ -154,8 +154,11 @@ func appendAck(b []byte, seq uint64, status byte) []byte {
 
 // parseAck decodes an ack frame (f without its length prefix).
 func parseAck(f []byte) (seq uint64, status byte, err error) {
-	if len(f) != 2+8+1 || f[1] != kindAck {
-		return 0, 0, malformed("unexpected link frame kind %d (%d bytes)", f[1], len(f))
+	if len(f) < 2 || f[0] != linkVersion || f[1] != kindAck {
+		return 0, 0, malformed("unexpected link frame (%d bytes)", len(f))
+	}
+	if len(f) != 2+8+1 {
+		return 0, 0, malformed("ack frame of %d bytes", len(f))
 	}
 	seq = binary.LittleEndian.Uint64(f[2:])
 	status = f[10]
