@@ -82,6 +82,12 @@ func testModels() []struct {
 			}
 		}
 	}
+	// Q4_0 is supported beyond the required types: one model of it.
+	q4 := tinyOptions("qwen2", gguf.TypeQ4_0, false)
+	out = append(out, entry{"built/qwen2/Q4_0/tied=false", func(t testing.TB) (*Model, *gguf.File, spec) {
+		m, f := loadBuilt(t, q4)
+		return m, f, specOf(q4)
+	}})
 	for _, typ := range []gguf.TensorType{gguf.TypeF32, gguf.TypeQ8_0} {
 		s := tinySpec("llama", typ, false)
 		out = append(out, entry{"own/llama-rope-factors/" + typ.String(), func(t testing.TB) (*Model, *gguf.File, spec) {
