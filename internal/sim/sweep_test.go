@@ -21,7 +21,7 @@ func TestSweep(t *testing.T) {
 		n = 1000
 	}
 	start := time.Now()
-	st, vs := sweep(1, n, transfer.Protections{}, 0, 3)
+	st, vs := sweep(*fromFlag, n, transfer.Protections{}, 0, 3)
 	el := time.Since(start)
 	reportViolations(t, vs, transfer.Protections{}, 0)
 	checkCoverage(t, st)
