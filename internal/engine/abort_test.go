@@ -142,13 +142,13 @@ func TestPeerLost(t *testing.T) {
 		defer s.Close()
 		streams = append(streams, s)
 	}
-	// Prefill side: rooms computed and waiting for a grant that never comes.
+	// Prefill side: rooms waiting for a grant that never comes.
 	perrs := make(chan error, 2)
 	for range 2 {
 		_, p := h.open(&req{tenant: "b", prompt: prompt(rng, 10), max: 5})
 		go func() { perrs <- h.pw.Prefill(h.ctx, p) }()
 	}
-	for h.dw.Stats().Machine.Granted < 3 || h.dw.Stats().Queued < 1 || h.pw.Stats().Machine.Admitted < 2 {
+	for h.dw.Stats().Machine.Granted < 3 || h.dw.Stats().Queued < 1 || h.pw.Stats().Waiting < 2 {
 		time.Sleep(time.Millisecond)
 	}
 	if cnt := h.dpool.Counts(); cnt.Allocated == 0 {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -209,4 +210,62 @@ func TestFairQueue(t *testing.T) {
 	if !slices.Equal(got, want) || f.len() != 0 {
 		t.Errorf("order %v, want %v (len %d)", got, want, f.len())
 	}
+}
+
+// TestNoCrossPoolDeadlock: prefill requests that arrive long before their
+// decode admission do not take prefill pages. If they did, a prefill pool
+// full of rooms the decode side has not admitted, and decode slots full of
+// rooms waiting for prefill pages, would wait for each other until the
+// timeouts failed them. Here the Generates come last and in reverse order.
+func TestNoCrossPoolDeadlock(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 64, prefillPages: 8, chunk: 8, maxRunning: 2, window: 32})
+	rng := rand.New(rand.NewPCG(13, 13))
+	const n = 8
+	reqs := make([]*req, n)
+	gens := make([]*GenerateRequest, n)
+	perrs := make([]chan error, n)
+	for i := range reqs {
+		reqs[i] = &req{tenant: "a", prompt: prompt(rng, 13+rng.IntN(4)), max: 4}
+		g, p := h.open(reqs[i])
+		gens[i] = g
+		perrs[i] = make(chan error, 1)
+		go func() { perrs[i] <- h.pw.Prefill(h.ctx, p) }()
+	}
+	for h.pw.Stats().Waiting < n {
+		time.Sleep(time.Millisecond)
+	}
+	if c := h.ppool.Counts(); c.Allocated != 0 {
+		t.Fatalf("prefill pages taken before any grant: %+v", c)
+	}
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	for i := n - 1; i >= 0; i-- {
+		s, err := h.dw.Generate(h.ctx, gens[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			defer s.Close()
+			for {
+				ev, err := s.Next(h.ctx)
+				if err != nil {
+					if !errors.Is(err, io.EOF) {
+						results[i].err = err
+					}
+					return
+				}
+				results[i].events = append(results[i].events, ev)
+			}
+		})
+	}
+	wg.Wait()
+	for i, r := range reqs {
+		if err := <-perrs[i]; err != nil || results[i].err != nil {
+			t.Fatalf("request %d: prefill %v, stream %v", i, err, results[i].err)
+		}
+		if got, want := results[i].ids(), reference(t, h.m, r.prompt, r.max, nil); !slices.Equal(got, want) {
+			t.Errorf("request %d: %v, want %v", i, got, want)
+		}
+	}
+	h.waitRest()
 }

@@ -55,6 +55,7 @@ type PrefillStats struct {
 	ContextWindow int
 	Running       int // rooms computing
 	Rooms         int // rooms known to the machine
+	Waiting       int // requests waiting for their Grant (not yet in the machine)
 	InFlight      int // writes posted and not yet reported
 	Forwards      uint64
 	PromptTokens  uint64 // tokens computed
@@ -94,7 +95,9 @@ type prefillState struct {
 	m       *transfer.PrefillMachine
 	links   map[transfer.PeerID]link.Link
 	rooms   map[transfer.RoomID]*preq
-	run     []*preq // rooms computing, in turn order
+	stash   map[transfer.RoomID]*preq  // requests waiting for their Grant; the machine has not seen them
+	epochs  map[transfer.PeerID]uint64 // last connection epoch seen per decode peer
+	run     []*preq                    // rooms computing, in turn order
 	turn    int
 	ws      *model.Workspace
 	batch   []model.Seq
@@ -113,6 +116,7 @@ type preq struct {
 	pages    []int32 // local pages, from RunPrefill
 	computed int
 	running  bool
+	deadline int64 // tick by which a stashed request must have its Grant
 }
 
 // NewPrefillWorker checks the pool against the context window (I6) and
@@ -157,6 +161,7 @@ func NewPrefillWorker(cfg PrefillConfig) (*PrefillWorker, error) {
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.d = prefillState{
 		m: m, links: make(map[transfer.PeerID]link.Link), rooms: make(map[transfer.RoomID]*preq),
+		stash: make(map[transfer.RoomID]*preq), epochs: make(map[transfer.PeerID]uint64),
 		ws: cfg.Model.NewWorkspace(cfg.ChunkSize, cfg.MaxRunning, cfg.Threads),
 	}
 	w.publish()
@@ -200,7 +205,7 @@ func (w *PrefillWorker) Info() WorkerInfo {
 	return WorkerInfo{
 		Role: "prefill", Model: w.cfg.Model.Config.Name, ContextWindow: w.window, PageSize: w.cfg.Pool.PageSize(),
 		PoolPages: w.cfg.Pool.Total(), PoolTokens: w.cfg.Pool.Tokens(), FreePages: s.Pool.Free,
-		Running: s.Running, Queued: s.Rooms - s.Running, MaxRunning: w.cfg.MaxRunning,
+		Running: s.Running, Queued: s.Rooms - s.Running + s.Waiting, MaxRunning: w.cfg.MaxRunning,
 		Peer: w.cfg.Self, Draining: closing,
 	}
 }
@@ -351,6 +356,10 @@ func (w *PrefillWorker) run() {
 					if ops[i].from == 1 && !expired {
 						expired = true
 						for _, q := range mapValues(w.d.rooms) {
+							if w.d.stash[q.room] == q {
+								delete(w.d.stash, q.room)
+								w.answer(q, reqerr.New(reqerr.KindShuttingDown, "prefill worker %d is shutting down", w.cfg.Self))
+							}
 							w.apply(w.d.m.Abort(q.room, reqerr.KindShuttingDown, q.req.Prefill.Decode))
 						}
 					}
@@ -365,11 +374,12 @@ func (w *PrefillWorker) run() {
 		case <-t.C:
 			w.d.now++
 			w.apply(w.d.m.Tick(w.d.now))
+			w.expire()
 		default:
 		}
 		stepped := w.step()
 		w.publish()
-		if closing && w.d.m.Rooms() == 0 && w.d.m.InFlight() == 0 {
+		if closing && len(w.d.stash) == 0 && w.d.m.Rooms() == 0 && w.d.m.InFlight() == 0 {
 			return
 		}
 		if stepped {
@@ -380,6 +390,7 @@ func (w *PrefillWorker) run() {
 		case <-t.C:
 			w.d.now++
 			w.apply(w.d.m.Tick(w.d.now))
+			w.expire()
 		}
 	}
 }
@@ -391,6 +402,7 @@ func (w *PrefillWorker) handle(o *op) {
 		d.links[o.link.Peer()] = o.link
 	case opDeliver:
 		w.apply(d.m.Step(o.from, o.msg))
+		w.unstash(o.msg)
 	case opLanded:
 		w.apply(d.m.Landed(o.report.Room, o.report.Seq))
 	case opPrefill:
@@ -400,14 +412,98 @@ func (w *PrefillWorker) handle(o *op) {
 			return
 		}
 		d.rooms[q.room] = q
-		w.apply(d.m.Step(w.cfg.Router, q.req.Prefill))
-		if d.rooms[q.room] == q {
-			if _, live := d.m.State(q.room); !live {
-				w.answer(q, reqerr.New(reqerr.KindAborted, "room %v was closed before it started", q.room))
+		st, _ := d.m.State(q.room)
+		if st == transfer.PWaitPrefill || !w.fits(q) {
+			w.start(q)
+			return
+		}
+		// Wait for the decode side's Grant before the machine allocates
+		// local pages: a prefill pool full of rooms the decode side has
+		// not admitted (their pages held while the rooms it did admit wait
+		// for prefill pages) would deadlock both pools until timeouts.
+		q.deadline = d.now + w.cfg.WaitTimeout
+		d.stash[q.room] = q
+	case opAbort:
+		if q := d.stash[o.room]; q != nil {
+			delete(d.stash, o.room)
+			w.answer(q, reqerr.New(reqerr.KindAborted, "room %v aborted", q.room))
+		}
+		w.apply(d.m.Abort(o.room, reqerr.KindAborted, o.from))
+	}
+}
+
+// fits reports whether the machine could ever admit q; one that cannot is
+// stepped at once so that the decode side hears the rejection before it
+// reserves anything.
+func (w *PrefillWorker) fits(q *preq) bool {
+	n := len(q.req.Prompt)
+	return n <= w.cfg.Pool.Tokens() && n+int(q.req.Prefill.MaxTokens) <= w.window
+}
+
+// start steps a request's Prefill into the machine.
+func (w *PrefillWorker) start(q *preq) {
+	d := &w.d
+	w.apply(d.m.Step(w.cfg.Router, q.req.Prefill))
+	if d.rooms[q.room] == q {
+		if _, live := d.m.State(q.room); !live {
+			w.answer(q, reqerr.New(reqerr.KindAborted, "room %v was closed before it started", q.room))
+		}
+	}
+}
+
+// unstash acts on a delivered message for the rooms waiting for their
+// Grant (after the machine has seen it).
+func (w *PrefillWorker) unstash(m transfer.Message) {
+	d := &w.d
+	if pe, ok := m.(*transfer.PeerEpoch); ok {
+		if !w.cfg.Auth.Verify(pe) || pe.Epoch <= d.epochs[pe.Peer] {
+			return
+		}
+		prev := d.epochs[pe.Peer]
+		d.epochs[pe.Peer] = pe.Epoch
+		if prev == 0 {
+			return // a first connection, not a loss
+		}
+		for room, q := range d.stash {
+			if q.req.Prefill.Decode == pe.Peer {
+				delete(d.stash, room)
+				w.answer(q, reqerr.New(reqerr.KindPeerLost, "room %v: decode peer %d reconnected", room, pe.Peer))
 			}
 		}
-	case opAbort:
-		w.apply(d.m.Abort(o.room, reqerr.KindAborted, o.from))
+		return
+	}
+	if len(d.stash) == 0 {
+		return
+	}
+	q := d.stash[m.Env().Room]
+	if q == nil || !w.cfg.Auth.Verify(m) {
+		return
+	}
+	switch m := m.(type) {
+	case *transfer.Grant:
+		delete(d.stash, q.room)
+		w.start(q)
+	case *transfer.Reject:
+		// The machine has tombstoned the room; the request ends with the
+		// decode side's original error.
+		delete(d.stash, q.room)
+		w.answer(q, m.Err())
+	case *transfer.Abort:
+		delete(d.stash, q.room)
+		w.answer(q, reqerr.New(reqerr.KindAborted, "room %v aborted", q.room))
+	}
+}
+
+// expire ends the rooms that waited for their Grant too long: tombstoned,
+// and the decode side told (Drained).
+func (w *PrefillWorker) expire() {
+	d := &w.d
+	for room, q := range d.stash {
+		if d.now >= q.deadline {
+			delete(d.stash, room)
+			w.answer(q, reqerr.New(reqerr.KindAborted, "room %v: timed out waiting for its grant", room))
+			w.apply(d.m.Abort(room, reqerr.KindAborted, q.req.Prefill.Decode))
+		}
 	}
 }
 
@@ -568,6 +664,7 @@ func (w *PrefillWorker) publish() {
 	d := &w.d
 	d.stats.Running = len(d.run)
 	d.stats.Rooms = d.m.Rooms()
+	d.stats.Waiting = len(d.stash)
 	d.stats.InFlight = d.m.InFlight()
 	d.stats.Machine = d.m.Stats()
 	w.snapMu.Lock()
