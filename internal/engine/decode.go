@@ -901,9 +901,10 @@ func (w *DecodeWorker) shutdownStep() bool {
 	if len(d.reqs) > 0 {
 		return false
 	}
-	// Requests are over; wait for aborted transfers to drain unless the
-	// deadline passed.
-	return d.m.Rooms() == 0 || expired
+	// Requests are over; wait for aborted transfers to drain (Drained, or
+	// the drain timeout moves their pages to quarantine, where only a new
+	// connection epoch frees them) unless the deadline passed.
+	return w.cfg.Pool.Counts().Deferred == 0 || expired
 }
 
 func mapValues[K comparable, V any](m map[K]V) []V {

@@ -49,8 +49,15 @@
 //
 // # Prefill worker
 //
-// Prefill steps the signed Prefill message into the machine with the prompt
-// beside it. RunPrefill starts chunked prefill into the worker's own pages:
+// Prefill keeps a request aside until the decode side's Grant for its room
+// arrives, and only then steps the signed Prefill message into the machine
+// (the prompt stays beside it): local pages are taken only for rooms the
+// decode side has admitted. Computing ahead of the grant would let a
+// prefill pool full of unadmitted rooms and decode slots full of rooms
+// waiting for prefill pages wait for each other (TestNoCrossPoolDeadlock).
+// A request that can never fit is stepped at once, so the decode side hears
+// the rejection before it reserves anything; a Reject, Abort or peer epoch
+// for a waiting request ends it, and so does WaitTimeout. RunPrefill starts chunked prefill into the worker's own pages:
 // each forward call carries at most ChunkSize prompt tokens, taken from the
 // computing rooms in turn; Computed follows every chunk, so finished pages
 // are posted to the link at once (PostWrite), and the last chunk's logits
