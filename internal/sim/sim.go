@@ -62,6 +62,26 @@ func DefaultFaults() Faults {
 	}
 }
 
+// Varied returns the Config of a seed in a varied sweep: the seed also
+// picks the shape of the system (1-3 workers a side, 3-12 decode pages of
+// 1-8 tokens, the window) and how hostile the faults are, so a sweep
+// covers small and large pools, lossy and clean networks, and crash-heavy
+// runs, not one setting.
+func Varied(seed uint64) Config {
+	r := rand.New(rand.NewPCG(seed, 0x766172696564)) // "varied"
+	ps := []int{1, 2, 4, 8}[r.IntN(4)]
+	dp := 3 + r.IntN(10)
+	window := max(2, dp*ps*(2+r.IntN(3))/4)
+	f := Faults{
+		Drop: r.Float64() * 0.05, Dup: r.Float64() * 0.1, Delay: 1 + r.Int64N(40),
+		WriteDelay: 1 + r.Int64N(30), Late: r.Float64() * 0.3, LateDelay: r.Int64N(400), AckDelay: 1 + r.Int64N(20),
+		Abort: r.Float64() * 0.5, AbortWithin: 1 + r.Int64N(300),
+		Crashes: r.IntN(4), Resets: r.IntN(6), TooLong: r.Float64() * 0.15,
+	}
+	return Config{Seed: seed, Prefills: 1 + r.IntN(3), Decodes: 1 + r.IntN(3),
+		DecodePages: dp, PrefillPages: dp + r.IntN(10), PageSize: ps, Window: window, Faults: f}
+}
+
 // Invariant names a property the simulator checks.
 type Invariant uint8
 
@@ -411,7 +431,7 @@ func (s *Sim) init(cfg Config) error {
 		if s.rng.Float64() < s.f.TooLong {
 			// Prompt + max tokens over the window; sometimes the prompt
 			// alone needs more pages than the window.
-			r.prompt = w - ps - 2 + s.rng.IntN(ps+6)
+			r.prompt = max(1, w-ps-2+s.rng.IntN(ps+6))
 			r.maxTokens = max(1, w-r.prompt+1+s.rng.IntN(4))
 			r.tooLong = true
 		} else {

@@ -17,8 +17,9 @@ var (
 	seedFlag   = flag.Uint64("seed", 0, "TestSeed: replay this seed with a full trace")
 	unsafeFlag = flag.String("sim.unsafe", "", "TestSeed: comma-separated protections to switch off "+
 		"(fence-check, window-revocation, deferred-release, tombstones, checksum, page-count-agreement, admission-before-reservation)")
-	longFlag = flag.Int("sim.long", 0, "TestSweep: run this many seeds instead of 10000 (also env KVFENCE_SIM_SEEDS)")
-	fromFlag = flag.Uint64("sim.from", 1, "TestSweep: first seed (long runs continue where CI stops: -sim.from=10001)")
+	longFlag   = flag.Int("sim.long", 0, "TestSweep: run this many seeds instead of 10000 (also env KVFENCE_SIM_SEEDS)")
+	variedFlag = flag.Bool("sim.varied", false, "TestSeed: the seed is from TestSweepVaried (Varied(seed))")
+	fromFlag   = flag.Uint64("sim.from", 1, "TestSweep: first seed (long runs continue where CI stops: -sim.from=10001)")
 )
 
 func parseUnsafe(s string) (transfer.Protections, error) {
@@ -67,8 +68,12 @@ func TestSeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Seed: *seedFlag, Faults: DefaultFaults(), Protections: p,
-		Trace: func(e TraceEvent) { t.Logf("t=%-6d #%-6d req %-4d %s", e.Time, e.Event, e.Req, e.Text) }}
+	cfg := Config{Seed: *seedFlag, Faults: DefaultFaults()}
+	if *variedFlag {
+		cfg = Varied(*seedFlag)
+	}
+	cfg.Protections = p
+	cfg.Trace = func(e TraceEvent) { t.Logf("t=%-6d #%-6d req %-4d %s", e.Time, e.Event, e.Req, e.Text) }
 	res := Run(cfg)
 	t.Logf("stats: %+v", res.Stats)
 	if res.Violation != nil {
@@ -144,6 +149,10 @@ func TestSweepSmall(t *testing.T) {
 	st, vs := sweep(1, 100, transfer.Protections{}, 0, 3)
 	reportViolations(t, vs, transfer.Protections{}, 0)
 	checkCoverage(t, st)
+	_, vs = parallelSweep(1, 50, Varied, 3)
+	for _, v := range vs {
+		t.Errorf("varied: %v\nreplay: go test ./internal/sim -run TestSeed -sim.varied -seed %d -v\n%s", v, v.Seed, Explain(Varied(v.Seed), v, 60))
+	}
 	t.Logf("%d seeds, %d requests, %d events: %d succeeded, failed by kind %v, %d client aborts (at decode states %v, prefill states %v)",
 		st.Runs, st.Requests, st.Events, st.Succeeded, st.Failed, st.ClientAborts, st.AbortsAtDecode, st.AbortsAtPrefill)
 }

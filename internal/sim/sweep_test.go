@@ -29,3 +29,22 @@ func TestSweep(t *testing.T) {
 		st.Runs, st.Requests/max(st.Runs, 1), el.Round(time.Millisecond), float64(st.Runs)/el.Seconds(),
 		float64(st.Events)/el.Seconds(), st.Events, st.Succeeded, st.Failed, st.ClientAborts, st.RouterTimeouts, st.PeerLost)
 }
+
+// TestSweepVaried sweeps seeds whose system shape and fault rates vary
+// (Varied): 3,000 seeds with every protection on, zero violations.
+func TestSweepVaried(t *testing.T) {
+	n := 3000
+	if l := longSeeds(); l > 0 {
+		n = l
+	} else if testing.Short() {
+		n = 300
+	}
+	start := time.Now()
+	st, vs := parallelSweep(*fromFlag, n, Varied, 3)
+	el := time.Since(start)
+	for _, v := range vs {
+		t.Errorf("%v\nreplay: go test ./internal/sim -run TestSeed -sim.varied -seed %d -v\n%s", v, v.Seed, Explain(Varied(v.Seed), v, 60))
+	}
+	t.Logf("%d varied seeds in %v: %.0f seeds/s, %d events; %d of %d requests succeeded",
+		st.Runs, el.Round(time.Millisecond), float64(st.Runs)/el.Seconds(), st.Events, st.Succeeded, st.Requests)
+}
