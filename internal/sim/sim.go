@@ -347,7 +347,8 @@ type Sim struct {
 	tr     bool
 }
 
-var secret = []byte("kvfence-simulator-cluster-secret")
+// secret is the simulated cluster secret (the MACs are real).
+const secret = "kvfence-simulator-cluster-secret"
 
 func (c *Config) defaults() {
 	if c.Requests <= 0 {
@@ -393,7 +394,7 @@ func (s *Sim) init(cfg Config) error {
 	s.pcg.Seed(cfg.Seed, 0x6b7666656e6365) // "kvfence"
 	s.rng = rand.New(&s.pcg)
 	s.tr = cfg.Trace != nil
-	auth, err := transfer.NewAuth(secret)
+	auth, err := transfer.NewAuth([]byte(secret))
 	if err != nil {
 		return err
 	}
