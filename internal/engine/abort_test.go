@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -267,4 +268,51 @@ func TestCloseDrains(t *testing.T) {
 	if !errors.Is(h.dw.Close(h.ctx), nil) {
 		t.Error("second Close")
 	}
+}
+
+// TestWaitsForPrefillConnection: a request for a prefill worker that has
+// not connected yet waits (nothing granted: the Grant would be lost and the
+// first epoch would fail the room), and runs once the link is up.
+func TestWaitsForPrefillConnection(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 64, prefillPages: 64, chunk: 16, maxRunning: 4, window: 100, noLink: true})
+	r := &req{tenant: "a", prompt: prompt(rand.New(rand.NewPCG(2, 2)), 11), max: 5}
+	g, _ := h.open(r)
+	s, err := h.dw.Generate(h.ctx, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	for h.dw.Stats().Queued != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	r.room = [16]byte{}
+	g, p := h.open(r)
+	s, err = h.dw.Generate(h.ctx, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for h.dw.Stats().Queued != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	if st := h.dw.Stats(); st.Machine.Granted != 0 || st.Pool.Allocated != 0 {
+		t.Fatalf("granted %d, allocated %d before the prefill worker connected", st.Machine.Granted, st.Pool.Allocated)
+	}
+	h.connect()
+	go h.pw.Prefill(h.ctx, p)
+	var got []int32
+	for {
+		ev, err := s.Next(h.ctx)
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			break
+		}
+		got = append(got, ev.ID)
+	}
+	if want := reference(t, h.m, r.prompt, r.max, nil); !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	h.waitRest()
 }

@@ -121,7 +121,9 @@ type DecodeWorker struct {
 type driverState struct {
 	m       *transfer.DecodeMachine
 	links   map[transfer.PeerID]link.Link
-	epochs  map[transfer.PeerID]uint64 // last connection epoch seen per prefill peer
+	epochs  map[transfer.PeerID]uint64  // last connection epoch seen per prefill peer
+	parked  map[transfer.PeerID][]*dreq // waiting for their prefill peer's first connection
+	nparked int
 	reqs    map[transfer.RoomID]*dreq
 	fair    fairQueue
 	running int // requests holding pages (opened or active)
@@ -149,22 +151,24 @@ const (
 
 // dreq is one generation request inside the decode worker.
 type dreq struct {
-	req     *GenerateRequest
-	room    transfer.RoomID
-	state   dstate
-	stream  *stream
-	growth  []int32 // pages for generated tokens, reserved at admission
-	pages   []int32 // page table once active: prompt pages then growth
-	prompt  int
-	pos     int      // position of tok[0] (the last emitted token, or the last prompt token while lpOwed)
-	tok     [2]int32 // the chunk fed at the next step
-	ntok    int
-	gen     int  // tokens emitted so far
-	lpOwed  bool // the first token's logprobs are still to compute
-	first   int32
-	smp     *sampling.Sampler // this request's seeded sampler
-	stops   []int32
-	stamped int // pages of the table whose headers carry this room's fence
+	req      *GenerateRequest
+	room     transfer.RoomID
+	state    dstate
+	stream   *stream
+	growth   []int32 // pages for generated tokens, reserved at admission
+	pages    []int32 // page table once active: prompt pages then growth
+	prompt   int
+	pos      int      // position of tok[0] (the last emitted token, or the last prompt token while lpOwed)
+	tok      [2]int32 // the chunk fed at the next step
+	ntok     int
+	gen      int  // tokens emitted so far
+	lpOwed   bool // the first token's logprobs are still to compute
+	first    int32
+	smp      *sampling.Sampler // this request's seeded sampler
+	stops    []int32
+	stamped  int   // pages of the table whose headers carry this room's fence
+	parked   bool  // waiting for its prefill peer to connect (not in the fair queue)
+	deadline int64 // tick by which a parked request must be queued
 }
 
 // NewDecodeWorker checks the pool against the context window (I6) and
@@ -211,10 +215,10 @@ func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.d = driverState{
 		m: m, links: make(map[transfer.PeerID]link.Link), reqs: make(map[transfer.RoomID]*dreq),
-		epochs: make(map[transfer.PeerID]uint64),
-		fair:   newFairQueue(),
-		ws:     cfg.Model.NewWorkspace(2*cfg.MaxRunning, cfg.MaxRunning, cfg.Threads),
-		zeros:  make([]float32, cfg.Model.Config.Vocab),
+		epochs: make(map[transfer.PeerID]uint64), parked: make(map[transfer.PeerID][]*dreq),
+		fair:  newFairQueue(),
+		ws:    cfg.Model.NewWorkspace(2*cfg.MaxRunning, cfg.MaxRunning, cfg.Threads),
+		zeros: make([]float32, cfg.Model.Config.Vocab),
 	}
 	w.publish()
 	go w.run()
@@ -434,8 +438,61 @@ func (w *DecodeWorker) run() {
 }
 
 func (w *DecodeWorker) tick() {
-	w.d.now++
-	w.apply(w.d.m.Tick(w.d.now))
+	d := &w.d
+	d.now++
+	w.apply(d.m.Tick(d.now))
+	if d.nparked == 0 {
+		return
+	}
+	for _, qs := range mapValues(d.parked) {
+		for _, q := range qs {
+			if d.now >= q.deadline {
+				w.endQueued(q, reqerr.New(reqerr.KindPeerLost, "room %v: prefill worker %d is not connected", q.room, q.req.Open.Prefill))
+			}
+		}
+	}
+}
+
+// enqueue puts a new request in the fair queue, or parks it while its
+// prefill peer is not connected: a room granted before the first
+// connection would lose its Grant, and the connection's first epoch would
+// then fail it.
+func (w *DecodeWorker) enqueue(q *dreq) {
+	d := &w.d
+	peer := q.req.Open.Prefill
+	if d.links[peer] != nil && d.epochs[peer] > 0 {
+		d.fair.push(q.req.Tenant, q)
+		return
+	}
+	q.parked = true
+	q.deadline = d.now + w.cfg.TransferTimeout
+	d.parked[peer] = append(d.parked[peer], q)
+	d.nparked++
+}
+
+// unpark moves the requests parked for peer to the fair queue once it is
+// connected.
+func (w *DecodeWorker) unpark(peer transfer.PeerID) {
+	d := &w.d
+	if d.links[peer] == nil || d.epochs[peer] == 0 || len(d.parked[peer]) == 0 {
+		return
+	}
+	qs := d.parked[peer]
+	delete(d.parked, peer)
+	for _, q := range qs {
+		q.parked = false
+		d.nparked--
+		d.fair.push(q.req.Tenant, q)
+	}
+}
+
+// waitingAll lists the requests waiting for admission.
+func (w *DecodeWorker) waitingAll() []*dreq {
+	out := w.d.fair.all()
+	for _, qs := range w.d.parked {
+		out = append(out, qs...)
+	}
+	return out
 }
 
 // drain processes every pending input.
@@ -459,6 +516,7 @@ func (w *DecodeWorker) handle(o *op) {
 	switch o.kind {
 	case opLink:
 		d.links[o.link.Peer()] = o.link
+		w.unpark(o.link.Peer())
 	case opDeliver:
 		switch m := o.msg.(type) {
 		case *transfer.Abort:
@@ -484,7 +542,7 @@ func (w *DecodeWorker) handle(o *op) {
 			return
 		}
 		d.reqs[q.room] = q
-		d.fair.push(q.req.Tenant, q)
+		w.enqueue(q)
 	case opClose:
 		q := d.reqs[o.room]
 		if q == nil {
@@ -519,6 +577,7 @@ func (w *DecodeWorker) peerEpoch(from transfer.PeerID, m *transfer.PeerEpoch) {
 	}
 	prev := d.epochs[m.Peer]
 	d.epochs[m.Peer] = m.Epoch
+	defer w.unpark(m.Peer)
 	if prev == 0 {
 		return
 	}
@@ -639,7 +698,12 @@ func (w *DecodeWorker) unwait() {
 // tell it (an Abort it answers with Drained, or drops as a replay), and
 // close the room in the machine so a late Open reserves nothing.
 func (w *DecodeWorker) endQueued(q *dreq, err error) {
-	w.d.fair.remove(q)
+	if q.parked {
+		w.d.parked[q.req.Open.Prefill] = slices.DeleteFunc(w.d.parked[q.req.Open.Prefill], func(p *dreq) bool { return p == q })
+		w.d.nparked--
+	} else {
+		w.d.fair.remove(q)
+	}
 	w.unwait()
 	delete(w.d.reqs, q.room)
 	w.d.stats.Failed[reqerr.KindOf(err)]++
@@ -872,7 +936,7 @@ func (w *DecodeWorker) shutdownStep() bool {
 	}
 	if !d.closing {
 		d.closing = true
-		for _, q := range d.fair.all() {
+		for _, q := range w.waitingAll() {
 			w.endQueued(q, reqerr.New(reqerr.KindShuttingDown, "decode worker %d is shutting down", w.cfg.Self))
 		}
 	}
@@ -920,7 +984,7 @@ func (w *DecodeWorker) publish() {
 	d := &w.d
 	d.stats.Running = d.running
 	d.stats.Active = len(d.active)
-	d.stats.Queued = d.fair.len()
+	d.stats.Queued = d.fair.len() + d.nparked
 	d.stats.Machine = d.m.Stats()
 	d.stats.DeferredDrained = d.stats.Machine.DrainedReleases
 	d.stats.DeferredTimeout = d.stats.Machine.TimeoutQuarantines

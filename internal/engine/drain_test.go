@@ -15,10 +15,10 @@ import (
 )
 
 // TestDrainTimeoutQuarantinesUntilNewEpoch runs under synctest's fake
-// clock: a granted room whose prefill peer is unreachable is aborted; no
-// Drained can come, so after the drain timeout its pages go to quarantine
-// (outcome timeout), and only a new connection epoch with that peer frees
-// them.
+// clock: a granted room whose prefill peer's connection is down is
+// aborted; no Drained can come, so after the drain timeout its pages go to
+// quarantine (outcome timeout), and only a new connection epoch with that
+// peer frees them.
 func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 	m := tinyModel(t)
 	synctest.Test(t, func(t *testing.T) {
@@ -37,6 +37,12 @@ func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 			cancel()
 			dw.Close(ctx)
 		}()
+		// The prefill peer connected once, then its connection dropped:
+		// the Grant and the Abort cannot reach it, so no Drained comes.
+		pair := inproc.New(inproc.Config{Auth: auth}, inproc.Side{ID: prefillID, Sink: nullSink{}}, inproc.Side{ID: decodeID, Sink: dw}, dw.Receiver())
+		defer pair.Decode().Close()
+		dw.AddLink(pair.Decode())
+		pair.Disconnect()
 		h := &pd{t: t, m: m, auth: auth}
 		r := &req{tenant: "a", prompt: prompt(rand.New(rand.NewPCG(1, 1)), 10), max: 5}
 		g, _ := h.open(r)
@@ -68,10 +74,9 @@ func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 		if c, st := pool.Counts(), dw.Stats(); c.Quarantined != 3 || c.Deferred != 0 || st.DeferredTimeout != 1 || st.DeferredDrained != 0 {
 			t.Fatalf("after the drain timeout: %+v, timeout %d drained %d", c, st.DeferredTimeout, st.DeferredDrained)
 		}
-		// The prefill peer connects (epoch 1): nothing of an older
+		// The prefill peer reconnects (epoch 3): nothing of the old
 		// connection can land any more.
-		pw := &nullSink{}
-		pair := inproc.New(inproc.Config{Auth: auth}, inproc.Side{ID: prefillID, Sink: pw}, inproc.Side{ID: decodeID, Sink: dw}, dw.Receiver())
+		pair.Connect()
 		synctest.Wait()
 		if c := pool.Counts(); c.Free != c.Total {
 			t.Errorf("after the new epoch: %+v", c)
@@ -79,7 +84,6 @@ func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 		if err := dw.Close(ctx); err != nil {
 			t.Error(err)
 		}
-		pair.Decode().Close()
 	})
 }
 

@@ -112,6 +112,7 @@ type pdOptions struct {
 	streamBuffer int
 	window       int
 	drainTimeout int64
+	noLink       bool // connect later with h.connect
 }
 
 func newPD(t testing.TB, o pdOptions) *pd {
@@ -142,20 +143,29 @@ func newPD(t testing.TB, o pdOptions) *pd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.pair = inproc.New(inproc.Config{Auth: auth, QueueLen: 8},
-		inproc.Side{ID: prefillID, Sink: h.pw}, inproc.Side{ID: decodeID, Sink: h.dw}, h.dw.Receiver())
-	h.pw.AddLink(h.pair.Prefill())
-	h.dw.AddLink(h.pair.Decode())
+	if !o.noLink {
+		h.connect()
+	}
 	h.ctx, h.cancel = context.WithTimeout(context.Background(), 50*time.Second)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		h.dw.Close(ctx)
 		h.pw.Close(ctx)
-		h.pair.Prefill().Close()
+		if h.pair != nil {
+			h.pair.Prefill().Close()
+		}
 		h.cancel()
 	})
 	return h
+}
+
+// connect joins the two workers with an inproc link.
+func (h *pd) connect() {
+	h.pair = inproc.New(inproc.Config{Auth: h.auth, QueueLen: 8},
+		inproc.Side{ID: prefillID, Sink: h.pw}, inproc.Side{ID: decodeID, Sink: h.dw}, h.dw.Receiver())
+	h.pw.AddLink(h.pair.Prefill())
+	h.dw.AddLink(h.pair.Decode())
 }
 
 // req is one request as the router would make it.
