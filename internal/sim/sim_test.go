@@ -321,3 +321,39 @@ func TestQueueOrder(t *testing.T) {
 		prev = e
 	}
 }
+
+// TestDefenceInDepth switches off one protection at a time, all others on:
+// no failure of DESIGN.md §1 needs only one missing protection, except
+// placeholder admission, which by itself denies the client its original
+// error (I3) but leads to no foreign read.
+func TestDefenceInDepth(t *testing.T) {
+	n := 100
+	if testing.Short() || raceEnabled {
+		n = 10
+	}
+	for _, c := range []struct {
+		p      transfer.Protections
+		ignore InvSet
+	}{
+		{transfer.Protections{NoFenceCheck: true}, 0},
+		{transfer.Protections{NoChecksum: true}, 0},
+		{transfer.Protections{NoPageCountAgreement: true}, 0},
+		{transfer.Protections{NoWindowRevocation: true}, 0},
+		{transfer.Protections{NoDeferredRelease: true}, 0},
+		{transfer.Protections{NoTombstones: true}, 0},
+		{transfer.Protections{NoAdmissionBeforeReservation: true}, Of(I3)},
+	} {
+		t.Run(c.p.String(), func(t *testing.T) {
+			_, vs := sweep(1, n, c.p, c.ignore, 1)
+			reportViolations(t, vs, c.p, c.ignore)
+			_, vs = parallelSweep(1, n, func(seed uint64) Config {
+				cfg := Varied(seed)
+				cfg.Protections, cfg.Ignore = c.p, c.ignore
+				return cfg
+			}, 1)
+			for _, v := range vs {
+				t.Errorf("varied: %v", v)
+			}
+		})
+	}
+}
