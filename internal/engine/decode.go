@@ -49,7 +49,12 @@ type DecodeConfig struct {
 	// TickInterval is the machine's tick (default 10ms). Timeouts below are
 	// in ticks.
 	TickInterval    time.Duration
-	TransferTimeout int64 // Grant to Done; 0 means 3000 ticks
+	// TransferTimeout bounds Grant to Done (and a request's wait for its
+	// prefill peer's first connection); 0 means 60000 (10 minutes at the
+	// default tick): a lost connection is caught by the peer epoch, so this
+	// only ends transfers of a prefill worker that is alive but stuck, and
+	// must exceed the longest prefill.
+	TransferTimeout int64
 	DrainTimeout    int64 // abort to Drained before quarantine; 0 means 100
 	transfer.Protections
 	// TransferAddr is where prefill workers dial this worker (Info).
@@ -195,7 +200,7 @@ func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
 		cfg.TickInterval = 10 * time.Millisecond
 	}
 	if cfg.TransferTimeout == 0 {
-		cfg.TransferTimeout = 3000
+		cfg.TransferTimeout = 60000
 	}
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = 100

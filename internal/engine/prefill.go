@@ -36,8 +36,10 @@ type PrefillConfig struct {
 	// MaxRooms bounds rooms known to the machine. Default 1024.
 	MaxRooms int
 	Threads  int
-	// TickInterval is the machine's tick (default 10ms); WaitTimeout is in
-	// ticks (0 means 3000).
+	// TickInterval is the machine's tick (default 10ms). WaitTimeout, in
+	// ticks, bounds a room's wait for its Grant (which comes when the decode
+	// side admits it, so it includes decode queueing) and for local pages;
+	// 0 means 60000 (10 minutes at the default tick).
 	TickInterval time.Duration
 	WaitTimeout  int64
 	transfer.Protections
@@ -143,7 +145,7 @@ func NewPrefillWorker(cfg PrefillConfig) (*PrefillWorker, error) {
 		cfg.TickInterval = 10 * time.Millisecond
 	}
 	if cfg.WaitTimeout == 0 {
-		cfg.WaitTimeout = 3000
+		cfg.WaitTimeout = 60000
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
