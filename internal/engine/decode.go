@@ -48,7 +48,7 @@ type DecodeConfig struct {
 	Threads int
 	// TickInterval is the machine's tick (default 10ms). Timeouts below are
 	// in ticks.
-	TickInterval    time.Duration
+	TickInterval time.Duration
 	// TransferTimeout bounds Grant to Done (and a request's wait for its
 	// prefill peer's first connection); 0 means 60000 (10 minutes at the
 	// default tick): a lost connection is caught by the peer epoch, so this
