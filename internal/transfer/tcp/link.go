@@ -29,6 +29,10 @@ type Config struct {
 	// Write frame from the peer is a protocol violation.
 	Receiver *link.Receiver
 	Logger   *slog.Logger
+	// OnLink (Listener only) is called once for each link the listener
+	// makes, before that link delivers anything: a decode worker registers
+	// the prefill workers that connect to it (engine AddLink) there.
+	OnLink func(*Link)
 
 	// QueueFrames and QueueBytes bound each connection's send queue; a page
 	// write counts against them until it is acknowledged. Defaults 1024
@@ -165,6 +169,9 @@ type Link struct {
 
 	cancelDial context.CancelFunc
 	dialDone   chan struct{} // closed when the dial loop exits (dialer only)
+	// ready is closed once a listener's OnLink returned for this link;
+	// others asking the listener for the link wait for it (listener only).
+	ready chan struct{}
 
 	stats stats
 }

@@ -53,15 +53,24 @@ func (ln *Listener) Addr() net.Addr { return ln.ln.Addr() }
 // connected). After Close it returns a closed link.
 func (ln *Listener) Link(peer transfer.PeerID) *Link {
 	ln.mu.Lock()
-	defer ln.mu.Unlock()
 	l, ok := ln.mu.links[peer]
-	if !ok {
-		l = newLink(ln.cfg, peer, "")
-		if ln.mu.closed {
-			l.Close()
-		}
-		ln.mu.links[peer] = l
+	if ok {
+		ln.mu.Unlock()
+		<-l.ready
+		return l
 	}
+	l = newLink(ln.cfg, peer, "")
+	l.ready = make(chan struct{})
+	closed := ln.mu.closed
+	ln.mu.links[peer] = l
+	ln.mu.Unlock()
+	if closed {
+		l.Close()
+	}
+	if ln.cfg.OnLink != nil {
+		ln.cfg.OnLink(l)
+	}
+	close(l.ready)
 	return l
 }
 

@@ -137,6 +137,7 @@ type fixture struct {
 	pre              *Link // the prefill side's link (dialer)
 	dec              *Link // the decode side's link to the prefill worker
 	decSink, preSink *recSink
+	onLink           []*Link // links the listener announced
 }
 
 var testShape = kvpool.Shape{Layers: 2, KVHeads: 2, HeadDim: 8, PageSize: 4}
@@ -172,6 +173,7 @@ func newFixture(t testing.TB, o fixOpts) *fixture {
 		Self: decodeID, Secret: testSecret, Sink: f.decSink,
 		Receiver:    &link.Receiver{Pool: f.decPool, Windows: f.windows, Auth: auth},
 		QueueFrames: o.queueFrames,
+		OnLink:      func(l *Link) { f.onLink = append(f.onLink, l) },
 	}, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -229,6 +231,9 @@ func TestWriteHeadIsEncodePrefix(t *testing.T) {
 
 func TestOrderedDeliveryBothWays(t *testing.T) {
 	f := newFixture(t, fixOpts{})
+	if len(f.onLink) != 1 || f.onLink[0] != f.dec || f.ln.Link(prefillID) != f.dec {
+		t.Fatalf("OnLink announced %v, want the one link to the prefill worker", f.onLink)
+	}
 	if got := epochs(f.preSink.snapshot()); len(got) != 1 || got[0] != 1 {
 		t.Fatalf("prefill epochs %v, want [1]", got)
 	}
