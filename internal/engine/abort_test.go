@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvfence/kvfence/internal/kvpool"
 	"github.com/kvfence/kvfence/internal/reqerr"
+	"github.com/kvfence/kvfence/internal/transfer"
 )
 
 // TestAbortsAtRandomPoints aborts requests before their grant, during the
@@ -178,7 +179,14 @@ func TestPeerLost(t *testing.T) {
 // sequence's fence is never read; the request fails with
 // kv_integrity_error, and the failure is counted.
 func TestFenceMismatchFailsClosed(t *testing.T) {
-	h := newPD(t, pdOptions{pageSize: 4, decodePages: 64, prefillPages: 64, chunk: 16, maxRunning: 4, window: 100})
+	t.Run("safe", func(t *testing.T) { testFenceMismatch(t, transfer.Protections{}) })
+	// --unsafe-no-fence-check: the engine reads the page without looking;
+	// here the data is intact, so the request completes, unnoticed.
+	t.Run("NoFenceCheck", func(t *testing.T) { testFenceMismatch(t, transfer.Protections{NoFenceCheck: true}) })
+}
+
+func testFenceMismatch(t *testing.T, prot transfer.Protections) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 64, prefillPages: 64, chunk: 16, maxRunning: 4, window: 100, protections: prot})
 	rng := rand.New(rand.NewPCG(8, 8))
 	r := &req{tenant: "a", prompt: prompt(rng, 13), max: 8}
 	g, p := h.open(r)
@@ -213,6 +221,23 @@ func TestFenceMismatchFailsClosed(t *testing.T) {
 	ev, err := s.Next(h.ctx)
 	if err != nil || ev.ID != reference(t, h.m, r.prompt, 1, nil)[0] {
 		t.Fatalf("first token: %+v %v", ev, err)
+	}
+	if prot.NoFenceCheck {
+		n := 1
+		for {
+			if _, err := s.Next(h.ctx); err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Fatal(err)
+				}
+				break
+			}
+			n++
+		}
+		if st := h.dw.Stats(); n != r.max || st.FenceFailures != 0 || st.Pool.FenceMismatches != before {
+			t.Errorf("unsafe: %d tokens, fence failures %d, mismatches %d", n, st.FenceFailures, st.Pool.FenceMismatches)
+		}
+		h.waitRest()
+		return
 	}
 	if _, err := s.Next(h.ctx); reqerr.KindOf(err) != reqerr.KindIntegrity {
 		t.Fatalf("after the corruption: %v, want kv_integrity_error", err)

@@ -113,6 +113,7 @@ type pdOptions struct {
 	window       int
 	drainTimeout int64
 	noLink       bool // connect later with h.connect
+	protections  transfer.Protections
 }
 
 func newPD(t testing.TB, o pdOptions) *pd {
@@ -133,13 +134,13 @@ func newPD(t testing.TB, o pdOptions) *pd {
 	h.dw, err = NewDecodeWorker(DecodeConfig{Model: m, Pool: h.dpool, Auth: auth, Self: decodeID,
 		ContextWindow: o.window, LowerWindow: true, MaxRunning: o.maxRunning, StreamBuffer: o.streamBuffer,
 		Threads: 1, TickInterval: time.Millisecond, DrainTimeout: o.drainTimeout, KeyBase: 1 << 40,
-		TransferTimeout: 60000})
+		TransferTimeout: 60000, Protections: o.protections})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.pw, err = NewPrefillWorker(PrefillConfig{Model: m, Pool: h.ppool, Auth: auth, Self: prefillID,
 		ContextWindow: o.window, LowerWindow: true, ChunkSize: o.chunk, Threads: 1, TickInterval: time.Millisecond,
-		WaitTimeout: 60000})
+		WaitTimeout: 60000, Protections: o.protections})
 	if err != nil {
 		t.Fatal(err)
 	}
