@@ -204,6 +204,29 @@ func (l *Link) Connected() bool {
 	return l.mu.cur != nil
 }
 
+// WaitConnected waits until a connection is up, ctx ends (its error) or
+// the link is closed (link.ErrClosed). A prefill worker that dials a
+// decode worker for a request waits here, so the request's messages are
+// not dropped for want of a connection.
+func (l *Link) WaitConnected(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		up, closed, ch := l.mu.cur != nil, l.mu.closed, l.mu.changed
+		l.mu.Unlock()
+		switch {
+		case closed:
+			return link.ErrClosed
+		case up:
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Stats returns the link's counters.
 func (l *Link) Stats() Stats {
 	s := &l.stats

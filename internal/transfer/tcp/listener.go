@@ -29,11 +29,25 @@ type Listener struct {
 // Listen listens on addr (host:port; port 0 picks one) for peers holding
 // the cluster secret.
 func Listen(cfg Config, addr string) (*Listener, error) {
-	rc, err := cfg.resolve()
-	if err != nil {
+	if _, err := cfg.resolve(); err != nil {
 		return nil, err
 	}
 	nl, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := NewListener(cfg, nl)
+	if err != nil {
+		nl.Close()
+	}
+	return ln, err
+}
+
+// NewListener serves peers on nl, which it closes on Close (a worker that
+// must know its transfer address before it can build its Sink listens
+// first, then calls NewListener).
+func NewListener(cfg Config, nl net.Listener) (*Listener, error) {
+	rc, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}

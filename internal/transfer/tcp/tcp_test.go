@@ -763,3 +763,26 @@ func TestRandomBytesDoNotCrashTheListener(t *testing.T) {
 		return len(c) > 0 && c[len(c)-1].Env().Room == room(42)
 	})
 }
+
+func TestWaitConnected(t *testing.T) {
+	f := newFixture(t, fixOpts{noConnect: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := f.dec.WaitConnected(ctx); err != context.DeadlineExceeded {
+		t.Fatalf("WaitConnected with no peer: %v", err)
+	}
+	l, err := Dial(Config{Self: prefillID, Secret: testSecret, Sink: newRecSink()}, decodeID, f.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitConnected(context.Background()); err != nil || !l.Connected() {
+		t.Fatalf("WaitConnected: %v", err)
+	}
+	if err := f.dec.WaitConnected(context.Background()); err != nil {
+		t.Fatalf("listener side WaitConnected: %v", err)
+	}
+	l.Close()
+	if err := l.WaitConnected(context.Background()); !errors.Is(err, link.ErrClosed) {
+		t.Fatalf("WaitConnected after Close: %v", err)
+	}
+}
