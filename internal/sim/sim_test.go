@@ -267,7 +267,7 @@ var alone = []struct {
 func TestEachProtectionAlone(t *testing.T) {
 	n := 200
 	if testing.Short() || raceEnabled {
-		n = 20
+		n = 12
 	}
 	for _, c := range alone {
 		t.Run(c.name, func(t *testing.T) {
@@ -327,9 +327,9 @@ func TestQueueOrder(t *testing.T) {
 // placeholder admission, which by itself denies the client its original
 // error (I3) but leads to no foreign read.
 func TestDefenceInDepth(t *testing.T) {
-	n := 100
+	n := 60
 	if testing.Short() || raceEnabled {
-		n = 10
+		n = 8
 	}
 	for _, c := range []struct {
 		p      transfer.Protections
