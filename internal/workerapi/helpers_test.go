@@ -3,6 +3,8 @@ package workerapi
 import (
 	"encoding/base64"
 	"encoding/json"
+	"os"
+	"testing"
 
 	"github.com/kvfence/kvfence/internal/transfer"
 )
@@ -20,4 +22,14 @@ func mustAuth() *transfer.Auth {
 		panic(err)
 	}
 	return a
+}
+
+func mkTemp() (string, error) { return os.MkdirTemp("", "workerapi-test-") }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if tinyDir != "" {
+		os.RemoveAll(tinyDir)
+	}
+	os.Exit(code)
 }
