@@ -25,7 +25,8 @@ type ClientConfig struct {
 	URL    string
 	Secret []byte
 	// HTTP is the client used; default a client without an overall timeout
-	// (a generate response lasts as long as its generation).
+	// (a generate response lasts as long as its generation) keeping up to
+	// 256 idle connections to the worker.
 	HTTP *http.Client
 	// InfoMaxAge is how old Info's cached answer may get before it is
 	// refreshed (in the background); default 250 ms.
@@ -77,7 +78,11 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	cfg.Secret = append([]byte(nil), cfg.Secret...)
 	c := &Client{cfg: cfg, base: u, http: cfg.HTTP, log: cfg.Logger}
 	if c.http == nil {
-		c.http = &http.Client{}
+		// One connection per stream in flight: keep enough of them idle
+		// for a busy router instead of the default two per host.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 256
+		c.http = &http.Client{Transport: tr}
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
