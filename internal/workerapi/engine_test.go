@@ -86,14 +86,15 @@ const (
 // cluster is a decode and a prefill worker, each behind its HTTP handler,
 // joined by a TCP transfer link: the three-process deployment in one test.
 type cluster struct {
-	auth   *transfer.Auth
-	dpool  *kvpool.Pool
-	dw     *engine.DecodeWorker
-	pw     *engine.PrefillWorker
-	dec    *Client
-	pre    *Client
-	taddr  string
-	router context.Context
+	auth  *transfer.Auth
+	dpool *kvpool.Pool
+	dw    *engine.DecodeWorker
+	pw    *engine.PrefillWorker
+	dec   *Client
+	pre   *Client
+	taddr string
+	ln    *tcp.Listener
+	links func() []*tcp.Link // the prefill worker's dialled links
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -120,7 +121,7 @@ func newCluster(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	recv := c.dw.Receiver()
-	ln, err := tcp.NewListener(tcp.Config{Self: engDecode, Secret: testSecret, Sink: c.dw, Receiver: &recv,
+	c.ln, err = tcp.NewListener(tcp.Config{Self: engDecode, Secret: testSecret, Sink: c.dw, Receiver: &recv,
 		OnLink: func(l *tcp.Link) { c.dw.AddLink(l) }}, nl)
 	if err != nil {
 		t.Fatal(err)
@@ -172,8 +173,13 @@ func newCluster(t *testing.T) *cluster {
 			l.Close()
 		}
 		linksMu.Unlock()
-		ln.Close()
+		c.ln.Close()
 	})
+	c.links = func() []*tcp.Link {
+		linksMu.Lock()
+		defer linksMu.Unlock()
+		return slices.Clone(links)
+	}
 	return c
 }
 
@@ -245,6 +251,30 @@ func TestEngineOverHTTPAndTCP(t *testing.T) {
 	if !errors.As(err, &cl) || cl.Prompt != 250 || cl.MaxTokens != 10 || cl.Limit != 256 {
 		t.Fatalf("too long: %#v", err)
 	}
+	// The link drops and the prefill worker redials: the next request is
+	// served over the new connection.
+	ls := c.links()
+	if len(ls) != 1 {
+		t.Fatalf("prefill worker dialled %d links, want 1", len(ls))
+	}
+	c.ln.Link(engPrefill).Disconnect()
+	for ls[0].Epoch() < 3 {
+		if ctx.Err() != nil {
+			t.Fatal("no reconnect")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := ls[0].WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, err := c.run(ctx, c.dec, c.pre, prompts[1], 6, c.taddr)
+	if err != nil {
+		t.Fatalf("after reconnect: %v", err)
+	}
+	if before, _ := c.run(ctx, c.dw, c.pw, prompts[1], 6, c.taddr); !slices.Equal(after, before) {
+		t.Fatalf("after reconnect %v, direct %v", after, before)
+	}
+
 	// A router that closes its stream mid-generation (client gone): the
 	// pages come back whether the close or the last token ends it (the
 	// fake worker's test shows the close reaches the worker's stream).
