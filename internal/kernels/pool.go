@@ -189,6 +189,14 @@ func (p *Pool) MatMul(out, x []float32, t int, w *Matrix) {
 	if p.mm.scratch == nil {
 		p.mm.scratch = make([]tileScratch, p.threads)
 	}
+	if t >= tiledMinRows {
+		// Grow every worker's tile here, not in the worker: which workers
+		// take part in a call varies, and growth must not wait for the
+		// first call a worker happens to join.
+		for i := range p.mm.scratch {
+			p.mm.scratch[i].ensure(w.Cols)
+		}
+	}
 	p.mm.out, p.mm.x, p.mm.t, p.mm.w = out, x, t, w
 	p.Run(w.Rows, matmulTile, &p.mm)
 	p.mm.out, p.mm.x, p.mm.w = nil, nil, nil
