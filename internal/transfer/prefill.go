@@ -85,6 +85,10 @@ type proom struct {
 	// drainOwed (unsafe, no tombstones): an Abort came while writes were
 	// in flight; send Drained when they land, and carry on.
 	drainOwed bool
+	// peerLost: the decode peer's epoch changed while writes were in
+	// flight; the room is failed and waits only for those writes, and
+	// owes the decode side no Drained (its room ended with the epoch).
+	peerLost bool
 }
 
 // PrefillMachine is the prefill side of the transfer protocol. It is not
@@ -498,6 +502,11 @@ func (p *PrefillMachine) abort(from PeerID, m *Abort) {
 }
 
 func (p *PrefillMachine) finishAbort(r *proom) {
+	if r.peerLost {
+		p.releaseLocal(r, OutcomeEpoch)
+		p.close(r)
+		return
+	}
 	p.releaseLocal(r, OutcomeDrained)
 	p.close(r)
 	p.sendDrained(r.id, r.decode)
@@ -513,10 +522,23 @@ func (p *PrefillMachine) peerEpoch(from PeerID, m *PeerEpoch) {
 		if r.decode != m.Peer {
 			continue
 		}
+		if r.state == PAborting {
+			continue // already failed; waits for its writes below
+		}
 		// The old connection is gone with every write posted through it;
 		// the decode side sees the same epoch change and ends the room.
 		p.fail(r.id, reqerr.New(reqerr.KindPeerLost, "room %v: decode peer %d reconnected", r.id, m.Peer))
 		p.stop(r)
+		if r.inflight > 0 {
+			// Writes posted after the connection dropped but before this
+			// epoch reached us went out on the new connection: they still
+			// read the local pages. The decode side refuses them (its
+			// windows for the room are revoked by the same epoch), but the
+			// pages must stay ours until the transport reports each one.
+			r.state = PAborting
+			r.peerLost = true
+			continue
+		}
 		p.releaseLocal(r, OutcomeEpoch)
 		p.close(r)
 	}
