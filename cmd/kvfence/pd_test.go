@@ -24,6 +24,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
 )
 
 // pdKeys is the API key file of the test deployments: four tenants.
@@ -137,6 +138,9 @@ func TestPD(t *testing.T) {
 // testPDStartup checks the I6 log lines and the worker endpoints.
 func testPDStartup(t *testing.T, c *pdCluster) {
 	ctx := testContext(t, 20*time.Second)
+	if log := strings.TrimSpace(c.router.logText()); !strings.HasSuffix(log, "url="+c.base+"/v1") {
+		t.Errorf("router: the last line does not name the URL:\n%s", log)
+	}
 	for _, p := range append([]*proc{c.decode}, c.prefills...) {
 		log := p.logText()
 		lines := strings.Split(strings.TrimSpace(log), "\n")
@@ -490,6 +494,13 @@ func testPDGreedyEqualsGenerate(t *testing.T, c *pdCluster) {
 		}()
 	}
 	wg.Wait()
+	for i, w := range want {
+		// The comparison means something only if the outputs are long
+		// enough to differ.
+		if len([]rune(w)) < n/2 {
+			t.Errorf("generate gave only %q for %q", w, prompts[i])
+		}
+	}
 	for i := range requests {
 		if errs[i] != nil {
 			t.Errorf("request %d: %v", i, errs[i])
@@ -502,31 +513,39 @@ func testPDGreedyEqualsGenerate(t *testing.T, c *pdCluster) {
 	waitPoolAtRest(t, ctx, c.decode.waitURL(t), 10*time.Second)
 }
 
-// testPDShutdown sends SIGTERM to the router while a request streams: the
-// request finishes, then every process exits 0.
+// testPDShutdown sends SIGTERM to the router and the decode worker while
+// requests stream through them: the requests finish, then every process
+// exits 0.
 func testPDShutdown(t *testing.T, c *pdCluster) {
 	ctx := testContext(t, 60*time.Second)
 	cl := c.client(pdKeyList[0])
-	s := cl.Completions.NewStreaming(ctx, openai.CompletionNewParams{
-		Model:       openai.CompletionNewParamsModel(cl.model),
-		Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String("a long story")},
-		MaxTokens:   openai.Int(200),
-		Temperature: openai.Float(0),
-	})
-	if !s.Next() {
-		t.Fatalf("no first chunk: %v", s.Err())
+	var streams []*ssestream.Stream[openai.Completion]
+	for _, p := range []string{"a long story", "another long story"} {
+		s := cl.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+			Model:       openai.CompletionNewParamsModel(cl.model),
+			Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String(p)},
+			MaxTokens:   openai.Int(200),
+			Temperature: openai.Float(0),
+		})
+		if !s.Next() {
+			t.Fatalf("no first chunk: %v", s.Err())
+		}
+		streams = append(streams, s)
 	}
 	_ = c.router.cmd.Process.Signal(syscall.SIGTERM)
-	finish := ""
-	for s.Next() {
-		for _, x := range s.Current().Choices {
-			if x.FinishReason != "" {
-				finish = string(x.FinishReason)
+	_ = c.decode.cmd.Process.Signal(syscall.SIGTERM)
+	for i, s := range streams {
+		finish := ""
+		for s.Next() {
+			for _, x := range s.Current().Choices {
+				if x.FinishReason != "" {
+					finish = string(x.FinishReason)
+				}
 			}
 		}
-	}
-	if err := s.Err(); err != nil || finish == "" {
-		t.Errorf("the request in flight at SIGTERM: finish %q, err %v", finish, err)
+		if err := s.Err(); err != nil || finish == "" {
+			t.Errorf("request %d in flight at SIGTERM: finish %q, err %v", i, finish, err)
+		}
 	}
 	for _, p := range append([]*proc{c.router, c.decode}, c.prefills...) {
 		if code := p.terminate(t, 30*time.Second); code != 0 {
@@ -534,6 +553,32 @@ func testPDShutdown(t *testing.T, c *pdCluster) {
 		}
 		if !strings.Contains(p.logText(), "shutting down") {
 			t.Errorf("%s did not log its shutdown", p.name)
+		}
+	}
+}
+
+// TestPDWorkerCapacity checks I6 on the worker commands: a pool smaller
+// than the context window refuses to start, naming both numbers, unless
+// --lower-context-to-fit lowers the window, which the log says.
+func TestPDWorkerCapacity(t *testing.T) {
+	ctx := testContext(t, 60*time.Second)
+	model := pdModel(t, "tiny")
+	// A tiny page is 8256 bytes: 10 pages hold 160 tokens, the window is 256.
+	for _, role := range []string{"decode", "prefill"} {
+		cmd := exec.CommandContext(ctx, kvfenceBinary(t), role, "--model", model, "--port", "0", "--kv-cache-memory", "82560")
+		cmd.Env = append(os.Environ(), "KVFENCE_CLUSTER_SECRET="+pdSecret)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !bytes.Contains(out, []byte("160")) || !bytes.Contains(out, []byte("256")) {
+			t.Errorf("%s with a 160-token pool: %v\n%s", role, err, out)
+		}
+		p := startProc(t, role, nil, role, "--model", model, "--port", "0", "--kv-cache-memory", "82560", "--lower-context-to-fit")
+		p.waitURL(t)
+		if log := p.logText(); !strings.Contains(log, "lowered from 256 to 160") || !strings.Contains(log, "context_window=160") {
+			t.Errorf("%s with --lower-context-to-fit:\n%s", role, log)
+		}
+		if w := metric(t, ctx, p.waitURL(t), "kvfence_context_window_tokens", "role", role); w != 160 {
+			t.Errorf("%s: window metric %v", role, w)
 		}
 	}
 }
