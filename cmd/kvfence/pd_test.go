@@ -1,3 +1,5 @@
+//go:build unix
+
 package main
 
 // Tests of a disaggregated deployment as operators run it: separate
@@ -100,7 +102,7 @@ func TestPDHelpExplainsFlags(t *testing.T) {
 	ctx := testContext(t, 60*time.Second)
 	bin := kvfenceBinary(t)
 	for cmdName, flags := range map[string][]string{
-		"decode":  {"--model", "--host", "--port", "--transfer-port", "--context-length", "--page-size", "--kv-cache-memory", "--max-running-requests", "--cluster-secret-file", "--shutdown-timeout"},
+		"decode":  {"--model", "--host", "--port", "--transfer-port", "--transfer-backend", "--peer-id", "--context-length", "--page-size", "--kv-cache-memory", "--max-running-requests", "--cluster-secret-file", "--shutdown-timeout"},
 		"prefill": {"--model", "--host", "--port", "--chunked-prefill-size", "--page-size", "--kv-cache-memory", "--cluster-secret-file", "--shutdown-timeout"},
 		"router":  {"--prefill", "--decode", "--host", "--port", "--api-keys", "--abort-policy", "--cluster-secret-file", "--shutdown-timeout"},
 	} {

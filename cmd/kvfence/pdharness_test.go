@@ -1,3 +1,5 @@
+//go:build unix
+
 package main
 
 // The harness of the multi-process tests: the kvfence binary built once per
@@ -182,6 +184,7 @@ func startProc(t *testing.T, name string, env []string, args ...string) *proc {
 	p.cmd = exec.Command(kvfenceBinary(t), args...)
 	p.cmd.Env = append(append(os.Environ(), "KVFENCE_CLUSTER_SECRET="+pdSecret), env...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	setDeathSignal(p.cmd.SysProcAttr)
 	p.cmd.Stdout = io.Discard
 	p.cmd.Stderr = &lineWriter{line: p.addLine}
 	if err := p.cmd.Start(); err != nil {

@@ -49,6 +49,7 @@ type workerOptions struct {
 	clusterSecretFile string
 	lowerContextToFit bool
 	peerID            uint
+	transferBackend   string
 	protections       transfer.Protections
 	unsafeGiven       []string
 
@@ -69,6 +70,7 @@ func (o *workerOptions) register(fs *flag.FlagSet, role string, defaultPort int)
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM or interrupt: how long requests in flight may run before they are aborted")
 	fs.StringVar(&o.clusterSecretFile, "cluster-secret-file", "", "file holding the cluster secret (>= 16 bytes) shared by the router and every worker: it authenticates internal API calls, rooms and transfer links. Empty: $KVFENCE_CLUSTER_SECRET; without either the worker refuses to start")
 	fs.BoolVar(&o.lowerContextToFit, "lower-context-to-fit", false, "when the KV pool holds fewer tokens than the context window, lower the window to the pool (and say so) instead of refusing to start")
+	fs.StringVar(&o.transferBackend, "transfer-backend", "tcp", "how KV pages travel between prefill and decode workers: tcp (one connection per prefill-decode pair; rdma is not built yet)")
 	fs.UintVar(&o.peerID, "peer-id", 0, "this worker's transfer identity, unique among the workers of a deployment (2..4294967295); 0 picks a random one at start")
 	o.unsafe = make([]*bool, len(unsafeFlags))
 	for i, u := range unsafeFlags {
@@ -94,6 +96,8 @@ func (o *workerOptions) check() error {
 		return errors.New("--context-length and --threads must not be negative")
 	case o.shutdownTimeout < 0:
 		return errors.New("--shutdown-timeout must not be negative")
+	case o.transferBackend != "tcp":
+		return fmt.Errorf("--transfer-backend %q: only tcp is built", o.transferBackend)
 	case o.peerID == uint(routerPeer) || o.peerID > 1<<32-1:
 		return fmt.Errorf("--peer-id %d: want 2..4294967295 (1 is the router's)", o.peerID)
 	}
