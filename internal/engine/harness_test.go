@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,35 +27,6 @@ const (
 
 var secret = []byte("kvfence engine test secret, 32 bytes")
 
-// tinyTokenizer is a byte-level BPE vocabulary of 256 bytes, a few merges and
-// three control tokens, the last of which ends generation.
-func tinyTokenizer() tokenizer.Config {
-	var toks []string
-	var types []int32
-	shift := 0
-	for b := range 256 {
-		r := rune(b)
-		if !(b >= '!' && b <= '~' || b >= 0xa1 && b <= 0xac || b >= 0xae) {
-			r = rune(256 + shift)
-			shift++
-		}
-		toks = append(toks, string(r))
-		types = append(types, tokenizer.TypeNormal)
-	}
-	merges := []string{"Ġ t", "h e", "Ġt he", "i n"}
-	for _, m := range merges {
-		toks = append(toks, strings.ReplaceAll(m, " ", ""))
-		types = append(types, tokenizer.TypeNormal)
-	}
-	for _, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
-		toks = append(toks, s)
-		types = append(types, tokenizer.TypeControl)
-	}
-	n := int32(len(toks))
-	return tokenizer.Config{Model: "gpt2", Pre: "qwen2", Tokens: toks, Types: types, Merges: merges,
-		BOS: n - 3, EOS: n - 1, EOT: n - 1, PAD: n - 3, UNK: -1}
-}
-
 var (
 	modelOnce sync.Once
 	modelPath string
@@ -76,7 +46,7 @@ func tinyModel(t testing.TB) *model.Model {
 		modelPath = filepath.Join(dir, "tiny.gguf")
 		modelErr = modelbuild.Write(modelbuild.Options{
 			Arch: "qwen3", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 96, Ctx: 512,
-			Type: gguf.TypeF32, Seed: 11, Tokenizer: tinyTokenizer(), Name: "tiny-qwen3",
+			Type: gguf.TypeF32, Seed: 11, Tokenizer: tokenizer.Tiny(), Name: "tiny-qwen3",
 		}, modelPath)
 	})
 	if modelErr != nil {

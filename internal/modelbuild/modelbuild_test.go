@@ -17,44 +17,10 @@ import (
 	"github.com/kvfence/kvfence/internal/tokenizer"
 )
 
-// tinyTokenizer is a byte-level BPE vocabulary: the 256 byte symbols, a few
-// merges, and ChatML specials.
-func tinyTokenizer() tokenizer.Config {
-	var toks []string
-	var types []int32
-	// GPT-2's byte-to-symbol map: printable Latin-1 stays, the rest shifts
-	// up past 255.
-	shift := 0
-	for b := range 256 {
-		r := rune(b)
-		if !(b >= '!' && b <= '~' || b >= 0xa1 && b <= 0xac || b >= 0xae) {
-			r = rune(256 + shift)
-			shift++
-		}
-		toks = append(toks, string(r))
-		types = append(types, tokenizer.TypeNormal)
-	}
-	merges := []string{"Ġ t", "h e", "Ġt he", "i n"}
-	for _, m := range merges {
-		toks = append(toks, strings.ReplaceAll(m, " ", ""))
-		types = append(types, tokenizer.TypeNormal)
-	}
-	for _, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
-		toks = append(toks, s)
-		types = append(types, tokenizer.TypeControl)
-	}
-	n := int32(len(toks))
-	return tokenizer.Config{
-		Model: "gpt2", Pre: "qwen2", Tokens: toks, Types: types, Merges: merges,
-		BOS: n - 3, EOS: n - 1, EOT: n - 1, PAD: n - 3, UNK: -1,
-		ChatTemplate: "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}",
-	}
-}
-
 func tinyOptions(arch string, typ gguf.TensorType) Options {
 	o := Options{
 		Arch: arch, Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, FF: 96, Ctx: 256,
-		Type: typ, Seed: 7, Tokenizer: tinyTokenizer(),
+		Type: typ, Seed: 7, Tokenizer: tokenizer.Tiny(),
 	}
 	if arch == "qwen3" {
 		o.HeadDim = 32 // differs from dim/heads, as in real Qwen3

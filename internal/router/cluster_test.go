@@ -15,6 +15,7 @@ import (
 	"github.com/kvfence/kvfence/internal/kvpool"
 	"github.com/kvfence/kvfence/internal/model"
 	"github.com/kvfence/kvfence/internal/modelbuild"
+	"github.com/kvfence/kvfence/internal/tokenizer"
 	"github.com/kvfence/kvfence/internal/transfer"
 	"github.com/kvfence/kvfence/internal/transfer/inproc"
 )
@@ -38,7 +39,7 @@ func tinyModelPath(t testing.TB) string {
 		modelPath = filepath.Join(testDir, "tiny.gguf")
 		modelErr = modelbuild.Write(modelbuild.Options{
 			Arch: "qwen3", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 32, FF: 96, Ctx: testCtx,
-			Type: gguf.TypeQ8_0, Seed: 11, Tokenizer: tinyTokenizerConfig(), Name: "tiny",
+			Type: gguf.TypeQ8_0, Seed: 11, Tokenizer: tokenizer.Tiny(), Name: "tiny",
 		}, modelPath)
 	})
 	if modelErr != nil {
@@ -211,6 +212,14 @@ func (c *cluster) waitIdle() {
 		idle := true
 		for _, cs := range append(dec, pre...) {
 			if cs.Free != cs.Total {
+				idle = false
+			}
+		}
+		// The workers publish their stats just after the pools change:
+		// wait for the published view too, so that callers read final
+		// counters.
+		for _, d := range c.dec {
+			if st := d.Stats(); st.Running+st.Queued+st.Active > 0 {
 				idle = false
 			}
 		}
