@@ -177,37 +177,10 @@ func (s spec) load(t testing.TB) (*Model, *gguf.File) {
 	return m, f
 }
 
-// tinyTokenizer is a byte-level BPE vocabulary built by hand: the 256 byte
-// tokens under GPT-2's byte-to-unicode mapping, a few merges, and ChatML
-// control tokens, padded with unused tokens to vocab entries.
+// tinyTokenizer is tokenizer.Tiny padded with unused tokens to vocab
+// entries, so that the output matrix is not a multiple of anything handy.
 func tinyTokenizer(vocab int) tokenizer.Config {
-	var byteRune [256]rune
-	n := 0
-	for b := range 256 {
-		if (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff) {
-			byteRune[b] = rune(b)
-		} else {
-			byteRune[b] = rune(256 + n)
-			n++
-		}
-	}
-	c := tokenizer.Config{Model: tokenizer.ModelGPT2, Pre: tokenizer.PreQwen2, BOS: -1, EOT: -1, PAD: -1, UNK: -1}
-	for b := range 256 {
-		c.Tokens = append(c.Tokens, string(byteRune[b]))
-		c.Types = append(c.Types, tokenizer.TypeNormal)
-	}
-	sp := string(byteRune[' '])
-	for _, m := range [][2]string{{sp, "t"}, {"h", "e"}, {sp + "t", "he"}, {"i", "n"}, {sp, "a"}} {
-		c.Merges = append(c.Merges, m[0]+" "+m[1])
-		c.Tokens = append(c.Tokens, m[0]+m[1])
-		c.Types = append(c.Types, tokenizer.TypeNormal)
-	}
-	for _, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
-		c.Tokens = append(c.Tokens, s)
-		c.Types = append(c.Types, tokenizer.TypeControl)
-	}
-	c.EOS = int32(len(c.Tokens) - 1) // <|im_end|>
-	c.ChatTemplate = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+	c := tokenizer.Tiny()
 	for len(c.Tokens) < vocab {
 		c.Tokens = append(c.Tokens, fmt.Sprintf("[PAD%d]", len(c.Tokens)))
 		c.Types = append(c.Types, tokenizer.TypeUnused)
