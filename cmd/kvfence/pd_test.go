@@ -246,10 +246,11 @@ func complete(ctx context.Context, cl pdClient, prompt string, maxTokens int, st
 
 func chat(ctx context.Context, cl pdClient, msg string, maxTokens int, stream bool) (completion, error) {
 	p := openai.ChatCompletionNewParams{
-		Model:     cl.model,
-		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(msg)},
-		MaxTokens: openai.Int(int64(maxTokens)),
-		Seed:      openai.Int(1),
+		Model:       cl.model,
+		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage(msg)},
+		MaxTokens:   openai.Int(int64(maxTokens)),
+		Seed:        openai.Int(1),
+		Temperature: openai.Float(0),
 	}
 	if !stream {
 		r, err := cl.Chat.Completions.New(ctx, p)
@@ -457,10 +458,13 @@ func testPDMalformed(t *testing.T, c *pdCluster) {
 }
 
 // generateGreedy runs `kvfence generate` for prompt, the reference of I7.
-func generateGreedy(t *testing.T, ctx context.Context, prompt string, n int) string {
+func generateGreedy(t *testing.T, ctx context.Context, prompt string, n int, chat bool) string {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, kvfenceBinary(t), "generate", "--model", pdModel(t, "tiny"), "--prompt", prompt,
-		"-n", strconv.Itoa(n), "--threads", "1")
+	args := []string{"generate", "--model", pdModel(t, "tiny"), "--prompt", prompt, "-n", strconv.Itoa(n), "--threads", "1"}
+	if chat {
+		args = append(args, "--chat")
+	}
+	cmd := exec.CommandContext(ctx, kvfenceBinary(t), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -479,10 +483,21 @@ func testPDGreedyEqualsGenerate(t *testing.T, c *pdCluster) {
 		"to be or not to be", "the rain in spain", "it was the best of times", "call me ishmael",
 	}
 	const n = 20
-	want := make([]string, len(prompts))
-	for i, p := range prompts {
-		want[i] = generateGreedy(t, ctx, p, n)
+	// want[chat][prompt] is what generate gives alone.
+	var want [2][]string
+	for ci := range want {
+		for _, p := range prompts {
+			w := generateGreedy(t, ctx, p, n, ci == 1)
+			// The comparison means something only if the outputs are
+			// long enough to differ.
+			if len([]rune(w)) < n/2 {
+				t.Errorf("generate (chat %v) gave only %q for %q", ci == 1, w, p)
+			}
+			want[ci] = append(want[ci], w)
+		}
 	}
+	// Request i: prompt i%8, tenant i%4, chat for (i/4)%2, streaming for
+	// (i/8)%2: every tenant, mode and prompt mixed in one burst.
 	const requests = 32
 	got := make([]completion, requests)
 	errs := make([]error, requests)
@@ -492,24 +507,23 @@ func testPDGreedyEqualsGenerate(t *testing.T, c *pdCluster) {
 		go func() {
 			defer wg.Done()
 			cl := c.client(pdKeyList[i%len(pdKeyList)])
-			got[i], errs[i] = complete(ctx, cl, prompts[i%len(prompts)], n, nil, i%2 == 1)
+			p, stream := prompts[i%len(prompts)], (i/8)%2 == 1
+			if (i/4)%2 == 1 {
+				got[i], errs[i] = chat(ctx, cl, p, n, stream)
+			} else {
+				got[i], errs[i] = complete(ctx, cl, p, n, nil, stream)
+			}
 		}()
 	}
 	wg.Wait()
-	for i, w := range want {
-		// The comparison means something only if the outputs are long
-		// enough to differ.
-		if len([]rune(w)) < n/2 {
-			t.Errorf("generate gave only %q for %q", w, prompts[i])
-		}
-	}
 	for i := range requests {
 		if errs[i] != nil {
 			t.Errorf("request %d: %v", i, errs[i])
 			continue
 		}
-		if w := want[i%len(prompts)]; got[i].text != w {
-			t.Errorf("request %d (prompt %q, tenant %d): %q, generate alone: %q", i, prompts[i%len(prompts)], i%4, got[i].text, w)
+		if w := want[(i/4)%2][i%len(prompts)]; got[i].text != w {
+			t.Errorf("request %d (prompt %q, tenant %d, chat %v): %q, generate alone: %q",
+				i, prompts[i%len(prompts)], i%4, (i/4)%2 == 1, got[i].text, w)
 		}
 	}
 	waitPoolAtRest(t, ctx, c.decode.waitURL(t), 10*time.Second)
