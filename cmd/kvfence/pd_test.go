@@ -516,6 +516,11 @@ func testPDGreedyEqualsGenerate(t *testing.T, c *pdCluster) {
 		}()
 	}
 	wg.Wait()
+	// How much the requests shared decode steps depends on timing: logged,
+	// not asserted.
+	t.Logf("decode: %v steps, at most %v sequences in one step",
+		metric(t, ctx, c.decode.waitURL(t), "kvfence_decode_steps_total"),
+		metric(t, ctx, c.decode.waitURL(t), "kvfence_decode_max_batch_sequences"))
 	for i := range requests {
 		if errs[i] != nil {
 			t.Errorf("request %d: %v", i, errs[i])
