@@ -23,6 +23,10 @@ func TestPDPrefillKilled(t *testing.T) {
 	cl := c.client("unused")
 	long := strings.Repeat("the quick brown fox jumps over the lazy dog ", 40) // ~ 1400 tokens
 
+	const after = "a short prompt after the crash"
+	wantLong := generateGreedy(t, ctx, "slow", long, 4, false)
+	wantAfter := generateGreedy(t, ctx, "slow", after, 4, false)
+
 	// Four long prompts: the router spreads them over both prefill workers.
 	const inFlight = 4
 	type result struct {
@@ -62,8 +66,10 @@ func TestPDPrefillKilled(t *testing.T) {
 	failed := 0
 	for i, r := range results {
 		if r.err == nil {
-			if r.c.usage.CompletionTokens != 4 && r.c.finish != "stop" {
-				t.Errorf("request %d: %+v", i, r.c)
+			// I7 with failures around: the survivors' output is the
+			// output of the request alone.
+			if r.c.text != wantLong {
+				t.Errorf("request %d: %q, generate alone: %q", i, r.c.text, wantLong)
 			}
 			continue
 		}
@@ -85,17 +91,20 @@ func TestPDPrefillKilled(t *testing.T) {
 	// New requests go to the surviving prefill worker and succeed.
 	var wg2 sync.WaitGroup
 	errs := make([]error, 4)
+	outs := make([]completion, 4)
 	for i := range errs {
 		wg2.Add(1)
 		go func() {
 			defer wg2.Done()
-			_, errs[i] = complete(ctx, cl, "a short prompt after the crash", 4, nil, i%2 == 0)
+			outs[i], errs[i] = complete(ctx, cl, after, 4, nil, i%2 == 0)
 		}()
 	}
 	wg2.Wait()
 	for i, err := range errs {
 		if err != nil {
 			t.Errorf("request %d after the crash: %v", i, err)
+		} else if outs[i].text != wantAfter {
+			t.Errorf("request %d after the crash: %q, generate alone: %q", i, outs[i].text, wantAfter)
 		}
 	}
 	if n := metric(t, ctx, c.prefills[1].waitURL(t), "kvfence_prefill_tokens_total"); n == 0 {

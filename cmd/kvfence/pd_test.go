@@ -458,9 +458,9 @@ func testPDMalformed(t *testing.T, c *pdCluster) {
 }
 
 // generateGreedy runs `kvfence generate` for prompt, the reference of I7.
-func generateGreedy(t *testing.T, ctx context.Context, prompt string, n int, chat bool) string {
+func generateGreedy(t *testing.T, ctx context.Context, model, prompt string, n int, chat bool) string {
 	t.Helper()
-	args := []string{"generate", "--model", pdModel(t, "tiny"), "--prompt", prompt, "-n", strconv.Itoa(n), "--threads", "1"}
+	args := []string{"generate", "--model", pdModel(t, model), "--prompt", prompt, "-n", strconv.Itoa(n), "--threads", "1"}
 	if chat {
 		args = append(args, "--chat")
 	}
@@ -487,7 +487,7 @@ func testPDGreedyEqualsGenerate(t *testing.T, c *pdCluster) {
 	var want [2][]string
 	for ci := range want {
 		for _, p := range prompts {
-			w := generateGreedy(t, ctx, p, n, ci == 1)
+			w := generateGreedy(t, ctx, "tiny", p, n, ci == 1)
 			// The comparison means something only if the outputs are
 			// long enough to differ.
 			if len([]rune(w)) < n/2 {
