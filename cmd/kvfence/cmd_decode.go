@@ -32,7 +32,7 @@ func parseDecodeFlags(args []string) (*decodeOptions, error) {
 	o := &decodeOptions{}
 	fs := flag.NewFlagSet("kvfence decode", flag.ContinueOnError)
 	o.register(fs, "decode", 8200)
-	fs.IntVar(&o.transferPort, "transfer-port", -1, "TCP port prefill workers connect to for KV transfers (one connection per prefill worker); default --port+1, or a free port when --port is 0")
+	fs.IntVar(&o.transferPort, "transfer-port", -1, "TCP port prefill workers connect to for KV transfers (one connection per prefill worker); -1 means --port+1, or a free port when --port is 0")
 	fs.StringVar(&o.transferHost, "transfer-host", "", "address the transfer listener binds; empty means --host")
 	fs.StringVar(&o.advertise, "transfer-advertise", "", "host:port prefill workers dial to reach the transfer listener (the router tells them); empty means the listener's address, with this machine's host name for a wildcard --host")
 	fs.IntVar(&o.maxRunning, "max-running-requests", 64, "most sequences this worker runs at once (more wait in a queue, fairly across tenants)")
