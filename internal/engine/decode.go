@@ -135,6 +135,7 @@ type driverState struct {
 	active  []*dreq
 	scratch []*dreq
 	later   []transfer.RoomID // Finish calls owed after the current outputs
+	unsent  []transfer.RoomID // GrantUnsent calls owed: the link refused these rooms' Grants
 	ws      *model.Workspace
 	zeros   []float32 // a logits row that advances a sampler's draw count
 	batch   []model.Seq
@@ -593,6 +594,9 @@ func (w *DecodeWorker) peerEpoch(from transfer.PeerID, m *transfer.PeerEpoch) {
 	}
 }
 
+// errNoLink: a message for a peer this worker has no link to was dropped.
+var errNoLink = errors.New("engine: no link to peer")
+
 // apply acts on a machine call's outputs, in order, then makes the Finish
 // calls they owed.
 func (w *DecodeWorker) apply(outs []transfer.Output) {
@@ -601,12 +605,18 @@ func (w *DecodeWorker) apply(outs []transfer.Output) {
 		for _, o := range outs {
 			w.output(o)
 		}
-		if len(d.later) == 0 {
+		switch {
+		case len(d.unsent) > 0:
+			room := d.unsent[0]
+			d.unsent = d.unsent[1:]
+			outs = d.m.GrantUnsent(room)
+		case len(d.later) > 0:
+			room := d.later[0]
+			d.later = d.later[1:]
+			outs = d.m.Finish(room)
+		default:
 			return
 		}
-		room := d.later[0]
-		d.later = d.later[1:]
-		outs = d.m.Finish(room)
 	}
 }
 
@@ -614,13 +624,21 @@ func (w *DecodeWorker) output(o transfer.Output) {
 	d := &w.d
 	switch o := o.(type) {
 	case transfer.Send:
-		l := d.links[o.To]
-		if l == nil {
-			w.cfg.Log.Warn("no link to peer; message dropped", "peer", o.To, "type", o.Msg.Type())
+		var err error
+		if l := d.links[o.To]; l == nil {
+			err = errNoLink
+		} else {
+			err = l.Send(w.ctx, o.Msg)
+		}
+		if err == nil {
 			return
 		}
-		if err := l.Send(w.ctx, o.Msg); err != nil {
-			w.cfg.Log.Info("send failed", "peer", o.To, "type", o.Msg.Type(), "err", err)
+		w.cfg.Log.Info("send failed", "peer", o.To, "type", o.Msg.Type(), "err", err)
+		if o.Msg.Type() == transfer.TypeGrant {
+			// A Send error means the Grant was never transmitted
+			// (link.Link's contract): the machine may free its pages now
+			// instead of waiting on a peer that never heard of them.
+			d.unsent = append(d.unsent, o.Msg.Env().Room)
 		}
 	case transfer.StartDecode:
 		q := d.reqs[o.Room]

@@ -15,10 +15,10 @@ import (
 )
 
 // TestDrainTimeoutQuarantinesUntilNewEpoch runs under synctest's fake
-// clock: a granted room whose prefill peer's connection is down is
-// aborted; no Drained can come, so after the drain timeout its pages go to
-// quarantine (outcome timeout), and only a new connection epoch with that
-// peer frees them.
+// clock: a granted room whose prefill peer received the Grant but never
+// answers (a hung peer: its sink drops everything) is aborted; no Drained
+// comes, so after the drain timeout its pages go to quarantine (outcome
+// timeout), and only a new connection epoch with that peer frees them.
 func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 	m := tinyModel(t)
 	synctest.Test(t, func(t *testing.T) {
@@ -37,12 +37,11 @@ func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 			cancel()
 			dw.Close(ctx)
 		}()
-		// The prefill peer connected once, then its connection dropped:
-		// the Grant and the Abort cannot reach it, so no Drained comes.
+		// The prefill peer is connected but hung: the Grant and the Abort
+		// reach it, and nothing comes back, so no Drained comes.
 		pair := inproc.New(inproc.Config{Auth: auth}, inproc.Side{ID: prefillID, Sink: nullSink{}}, inproc.Side{ID: decodeID, Sink: dw}, dw.Receiver())
 		defer pair.Decode().Close()
 		dw.AddLink(pair.Decode())
-		pair.Disconnect()
 		h := &pd{t: t, m: m, auth: auth}
 		r := &req{tenant: "a", prompt: prompt(rand.New(rand.NewPCG(1, 1)), 10), max: 5}
 		g, _ := h.open(r)
@@ -74,15 +73,58 @@ func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 		if c, st := pool.Counts(), dw.Stats(); c.Quarantined != 3 || c.Deferred != 0 || st.DeferredTimeout != 1 || st.DeferredDrained != 0 {
 			t.Fatalf("after the drain timeout: %+v, timeout %d drained %d", c, st.DeferredTimeout, st.DeferredDrained)
 		}
-		// The prefill peer reconnects (epoch 3): nothing of the old
-		// connection can land any more.
-		pair.Connect()
+		// The connection to the prefill peer is replaced: nothing of the
+		// old one can land any more.
+		pair.Reconnect()
 		synctest.Wait()
 		if c := pool.Counts(); c.Free != c.Total {
 			t.Errorf("after the new epoch: %+v", c)
 		}
 		if err := dw.Close(ctx); err != nil {
 			t.Error(err)
+		}
+	})
+}
+
+// TestGrantToDownPeerFreesPagesAtOnce: the prefill peer connected once,
+// then its connection dropped. A request for it is granted, but the link
+// refuses the Grant, so nothing was transmitted: the request fails with
+// peer_lost and its pages are free at once, not deferred and then
+// quarantined until a peer that may never come back reconnects.
+func TestGrantToDownPeerFreesPagesAtOnce(t *testing.T) {
+	m := tinyModel(t)
+	synctest.Test(t, func(t *testing.T) {
+		auth, _ := transfer.NewAuth(secret)
+		pool, err := kvpool.New(kvpool.Config{Shape: PoolShape(m, 4), Pages: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dw, err := NewDecodeWorker(DecodeConfig{Model: m, Pool: pool, Auth: auth, Self: decodeID, ContextWindow: 100,
+			Threads: 1, TickInterval: 10 * time.Millisecond, DrainTimeout: 50, TransferTimeout: 100000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		defer dw.Close(ctx)
+		pair := inproc.New(inproc.Config{Auth: auth}, inproc.Side{ID: prefillID, Sink: nullSink{}}, inproc.Side{ID: decodeID, Sink: dw}, dw.Receiver())
+		defer pair.Decode().Close()
+		dw.AddLink(pair.Decode())
+		pair.Disconnect()
+		synctest.Wait()
+		h := &pd{t: t, m: m, auth: auth}
+		r := &req{tenant: "a", prompt: prompt(rand.New(rand.NewPCG(1, 1)), 10), max: 5}
+		g, _ := h.open(r)
+		s, err := dw.Generate(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Next(ctx); reqerr.KindOf(err) != reqerr.KindPeerLost {
+			t.Fatalf("stream: %v, want peer_lost", err)
+		}
+		s.Close()
+		synctest.Wait()
+		if c, st := pool.Counts(), dw.Stats(); c.Free != c.Total || st.Machine.Granted != 1 || st.DeferredTimeout != 0 {
+			t.Fatalf("after the refused grant: %+v, granted %d, timeouts %d; want every page free", c, st.Machine.Granted, st.DeferredTimeout)
 		}
 	})
 }

@@ -214,6 +214,37 @@ func (d *DecodeMachine) Finish(room RoomID) []Output {
 	return d.flush()
 }
 
+// GrantUnsent reports that the transport refused room's Grant without
+// transmitting it (link.Link.Send returned an error: no connection, link
+// closed, or the driver stopped waiting for queue room). The prefill side
+// never learned the pages, so no write for them exists or can ever be
+// posted: the window is revoked, the pages are free at once (outcome
+// unsent), and a request still waiting for its transfer fails with
+// peer_lost. Without this report an aborted room would wait for a Drained
+// from a peer that never heard of it, and with a dead peer its pages would
+// stay in quarantine for good. The driver makes this call after acting on
+// all outputs of the call that produced the Grant. Reports for a room that
+// is neither granted nor draining (it ended meanwhile) are ignored.
+func (d *DecodeMachine) GrantUnsent(room RoomID) []Output {
+	d.out = nil
+	r := d.rooms[room]
+	if r == nil {
+		return nil
+	}
+	switch r.state {
+	case DGranted:
+		d.fail(r.id, reqerr.New(reqerr.KindPeerLost, "room %v: grant not sent: no connection to prefill peer %d", r.id, r.prefill))
+	case DDraining:
+		// Already failed by its abort; only the pages wait.
+	default:
+		return nil
+	}
+	d.revoke(r)
+	d.releaseAll(r, OutcomeUnsent)
+	d.admitQueued()
+	return d.flush()
+}
+
 // Abort aborts a room locally (client gone, shutdown): the same as an
 // Abort message from the router.
 func (d *DecodeMachine) Abort(room RoomID, reason reqerr.Kind) []Output {

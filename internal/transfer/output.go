@@ -102,10 +102,11 @@ const (
 	OutcomeDrained                  // deferred release ended by Drained
 	OutcomeEpoch                    // the peer's connection epoch changed: no old write can land
 	OutcomeImmediate                // aborted and freed at once (window revoked, or unsafe)
+	OutcomeUnsent                   // the Grant never left this worker: no write for the pages can exist
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"finished", "rejected", "drained", "epoch", "immediate"}
+var outcomeNames = [numOutcomes]string{"finished", "rejected", "drained", "epoch", "immediate", "unsent"}
 
 func (o Outcome) String() string {
 	if o < numOutcomes {

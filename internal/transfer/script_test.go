@@ -41,6 +41,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	stale room= pages=                decode pages 0..pages-1 hold KV a finished request left behind
 //	tick [side=] now=                 Tick
 //	peer-epoch side= epoch=           the connection to the other side is new
+//	grant-unsent room=                the decode driver's transport refused the room's Grant (never transmitted)
 //	finish room=                      the decode engine finishes a started sequence
 //	read room=                        the decode engine reads a started sequence: fences, and whose data each page holds
 //	pools                             page accounting of both pools
@@ -337,6 +338,8 @@ func (h *harness) run(line string) []string {
 			h.auth.Sign(m)
 			h.outputs("P", h.p.Step(peerDecode, m))
 		}
+	case "grant-unsent":
+		h.outputs("D", h.d.GrantUnsent(h.room(a["room"])))
 	case "finish":
 		h.outputs("D", h.d.Finish(h.room(a["room"])))
 		delete(h.started, a["room"])

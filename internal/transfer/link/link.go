@@ -89,8 +89,11 @@ type Link interface {
 	// current connection (which may still be lost before delivery: the
 	// PeerEpoch that follows says so); ErrPeerGone when no connection is up
 	// (the message is dropped); ErrClosed after Close; ctx's error when ctx
-	// ends while waiting for room. m MUST NOT be a *transfer.Write (use
-	// Post) and MUST NOT be modified afterwards.
+	// ends while waiting for room. An error MUST mean the message was not
+	// queued and will never be transmitted, on this connection or a later
+	// one: the decode worker frees a refused Grant's pages on that promise
+	// (transfer.DecodeMachine.GrantUnsent). m MUST NOT be a *transfer.Write
+	// (use Post) and MUST NOT be modified afterwards.
 	Send(ctx context.Context, m transfer.Message) error
 
 	// Post queues a page write for the peer. w.Msg.Data aliases a page of
