@@ -15,43 +15,9 @@ import (
 	"github.com/kvfence/kvfence/internal/tokenizer"
 )
 
-// tinyTokenizer is a byte-level BPE vocabulary small enough for race
-// builds: the 256 byte tokens under GPT-2's byte-to-unicode mapping, a few
-// merges, and ChatML control tokens with a ChatML template.
-func tinyTokenizer() tokenizer.Config {
-	var byteRune [256]rune
-	n := 0
-	for b := range 256 {
-		if (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff) {
-			byteRune[b] = rune(b)
-		} else {
-			byteRune[b] = rune(256 + n)
-			n++
-		}
-	}
-	c := tokenizer.Config{Model: tokenizer.ModelGPT2, Pre: tokenizer.PreQwen2, BOS: -1, EOT: -1, PAD: -1, UNK: -1}
-	for b := range 256 {
-		c.Tokens = append(c.Tokens, string(byteRune[b]))
-		c.Types = append(c.Types, tokenizer.TypeNormal)
-	}
-	sp := string(byteRune[' '])
-	for _, m := range [][2]string{{sp, "t"}, {"h", "e"}, {sp + "t", "he"}, {"i", "n"}, {sp, "a"}} {
-		c.Merges = append(c.Merges, m[0]+" "+m[1])
-		c.Tokens = append(c.Tokens, m[0]+m[1])
-		c.Types = append(c.Types, tokenizer.TypeNormal)
-	}
-	for _, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
-		c.Tokens = append(c.Tokens, s)
-		c.Types = append(c.Types, tokenizer.TypeControl)
-	}
-	c.EOS = int32(len(c.Tokens) - 1)
-	c.ChatTemplate = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-	return c
-}
-
 func writeTinyModel(t *testing.T) string {
 	t.Helper()
-	tok := tinyTokenizer()
+	tok := tokenizer.Tiny()
 	path := filepath.Join(t.TempDir(), "m.gguf")
 	o := modelbuild.Options{Arch: "qwen3", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, FF: 128, Ctx: 256,
 		Type: gguf.TypeQ8_0, Seed: 11, Tokenizer: tok}

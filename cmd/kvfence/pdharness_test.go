@@ -93,40 +93,6 @@ func kvfenceBinary(t *testing.T) string {
 	return pdBin.path
 }
 
-// pdTokenizer is a byte-level BPE vocabulary small enough for fast
-// processes: the 256 byte tokens under GPT-2's byte-to-unicode mapping, a
-// few merges, and ChatML control tokens with a ChatML template.
-func pdTokenizer() tokenizer.Config {
-	var byteRune [256]rune
-	n := 0
-	for b := range 256 {
-		if (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff) {
-			byteRune[b] = rune(b)
-		} else {
-			byteRune[b] = rune(256 + n)
-			n++
-		}
-	}
-	c := tokenizer.Config{Model: tokenizer.ModelGPT2, Pre: tokenizer.PreQwen2, BOS: -1, EOT: -1, PAD: -1, UNK: -1}
-	for b := range 256 {
-		c.Tokens = append(c.Tokens, string(byteRune[b]))
-		c.Types = append(c.Types, tokenizer.TypeNormal)
-	}
-	sp := string(byteRune[' '])
-	for _, m := range [][2]string{{sp, "t"}, {"h", "e"}, {sp + "t", "he"}, {"i", "n"}, {sp, "a"}} {
-		c.Merges = append(c.Merges, m[0]+" "+m[1])
-		c.Tokens = append(c.Tokens, m[0]+m[1])
-		c.Types = append(c.Types, tokenizer.TypeNormal)
-	}
-	for _, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
-		c.Tokens = append(c.Tokens, s)
-		c.Types = append(c.Types, tokenizer.TypeControl)
-	}
-	c.EOS = int32(len(c.Tokens) - 1)
-	c.ChatTemplate = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-	return c
-}
-
 // Test models: tiny answers fast; slow makes a long prompt's prefill last
 // long enough (about a second) to kill its worker in the middle.
 var pdModels = map[string]modelbuild.Options{
@@ -150,7 +116,7 @@ func pdModel(t *testing.T, name string) string {
 	mf := v.(*modelFile)
 	mf.once.Do(func() {
 		o := pdModels[name]
-		o.Tokenizer = pdTokenizer()
+		o.Tokenizer = tokenizer.Tiny()
 		mf.path = filepath.Join(dir, name+".gguf")
 		mf.err = modelbuild.Write(o, mf.path)
 	})

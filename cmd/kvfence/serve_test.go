@@ -34,39 +34,6 @@ const (
 	serveModelName = "tiny-serve"
 )
 
-// serveTokenizer is a byte-level BPE vocabulary with ChatML specials: small
-// enough for a model of a few hundred kilobytes, real enough for the chat
-// template and the stream decoder.
-func serveTokenizer() tokenizer.Config {
-	var toks []string
-	var types []int32
-	shift := 0
-	for b := range 256 {
-		r := rune(b)
-		if !(b >= '!' && b <= '~' || b >= 0xa1 && b <= 0xac || b >= 0xae) {
-			r = rune(256 + shift)
-			shift++
-		}
-		toks = append(toks, string(r))
-		types = append(types, tokenizer.TypeNormal)
-	}
-	merges := []string{"Ġ t", "h e", "Ġt he", "i n"}
-	for _, m := range merges {
-		toks = append(toks, strings.ReplaceAll(m, " ", ""))
-		types = append(types, tokenizer.TypeNormal)
-	}
-	for _, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
-		toks = append(toks, s)
-		types = append(types, tokenizer.TypeControl)
-	}
-	n := int32(len(toks))
-	return tokenizer.Config{
-		Model: "gpt2", Pre: "qwen2", Tokens: toks, Types: types, Merges: merges,
-		BOS: n - 3, EOS: n - 1, EOT: n - 1, PAD: n - 3, UNK: -1,
-		ChatTemplate: "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-	}
-}
-
 // serveFixture is `kvfence serve` running in this process on a loopback
 // port, with a tiny model built for the test.
 type serveFixture struct {
@@ -107,7 +74,7 @@ func startServe(t *testing.T, extra ...string) *serveFixture {
 	path := filepath.Join(dir, "tiny.gguf")
 	if err := modelbuild.Write(modelbuild.Options{
 		Arch: "qwen3", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 32, FF: 96, Ctx: serveTestCtx,
-		Type: gguf.TypeQ8_0, Seed: 11, Tokenizer: serveTokenizer(), Name: "tiny",
+		Type: gguf.TypeQ8_0, Seed: 11, Tokenizer: tokenizer.Tiny(), Name: "tiny",
 	}, path); err != nil {
 		t.Fatal(err)
 	}
@@ -643,7 +610,7 @@ func TestServePoolSmallerThanWindow(t *testing.T) {
 	path := filepath.Join(dir, "tiny.gguf")
 	if err := modelbuild.Write(modelbuild.Options{
 		Arch: "qwen3", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 32, FF: 96, Ctx: serveTestCtx,
-		Type: gguf.TypeQ8_0, Seed: 11, Tokenizer: serveTokenizer(), Name: "tiny",
+		Type: gguf.TypeQ8_0, Seed: 11, Tokenizer: tokenizer.Tiny(), Name: "tiny",
 	}, path); err != nil {
 		t.Fatal(err)
 	}
