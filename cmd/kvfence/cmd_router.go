@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 
@@ -186,34 +185,7 @@ func runRouter(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	log.Info("router started", "model", rt.Models()[0].ID, "context_window", rt.Models()[0].ContextLength,
 		"prefill_workers", len(pres), "decode_workers", len(decs), "abort_policy", o.abortPolicy.String())
 
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	log.Info("serving the OpenAI API", "url", "http://"+ln.Addr().String()+"/v1")
-	select {
-	case err := <-served:
-		_ = rt.Shutdown(context.Background())
-		return err
-	case <-ctx.Done():
-	}
-	log.Info("shutting down: no new requests; waiting for requests in flight", "timeout", o.shutdownTimeout.String())
-	rt.StopAccepting()
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		// Requests outlived the timeout: cutting their connections closes
-		// their streams, and the router aborts their generations.
-		log.Warn("shutdown timeout: aborting requests still in flight")
-		_ = srv.Close()
-	}
-	<-served
-	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer rcancel()
-	if err := rt.Shutdown(rctx); err != nil {
-		log.Warn("generations aborted at shutdown", "err", err)
-	}
-	log.Info("shut down")
-	return nil
+	return serveAPI(ctx, ln, h, rt, o.shutdownTimeout, 5*time.Second, log)
 }
 
 // logWorkers logs what each worker reports (a worker that is down is

@@ -314,13 +314,21 @@ func serve(ctx context.Context, o *serveOptions, ln net.Listener, log *slog.Logg
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(w.collector())
 	h := api.NewHandler(api.Config{DefaultMaxConcurrent: o.maxConcurrent, Ready: rt.Ready}, rt, keys, reg, log)
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	log.Info("router started", "model", rt.Models()[0].ID, "abort_policy", o.abortPolicy.String())
+	// w.close (deferred) then drains the transfers and stops the workers.
+	return serveAPI(ctx, ln, h, rt, o.shutdownTimeout, time.Second, log)
+}
 
+// serveAPI serves the OpenAI API on ln until ctx ends, then shuts down
+// gracefully: no new requests, requests in flight get timeout to finish
+// (then their connections are cut, which aborts their generations), and the
+// router gets routerTimeout to see its generations end. The last startup
+// line it logs is the URL.
+func serveAPI(ctx context.Context, ln net.Listener, h http.Handler, rt *router.Router, timeout, routerTimeout time.Duration, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("router started", "model", rt.Models()[0].ID, "abort_policy", o.abortPolicy.String())
 	log.Info("serving the OpenAI API", "url", "http://"+ln.Addr().String()+"/v1")
-
 	select {
 	case err := <-served:
 		// The listener failed: nothing to drain gracefully beyond the router.
@@ -328,9 +336,9 @@ func serve(ctx context.Context, o *serveOptions, ln net.Listener, log *slog.Logg
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down: no new requests; waiting for requests in flight", "timeout", o.shutdownTimeout.String())
+	log.Info("shutting down: no new requests; waiting for requests in flight", "timeout", timeout.String())
 	rt.StopAccepting()
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		// In-flight requests outlived the timeout: cut their connections;
@@ -339,12 +347,11 @@ func serve(ctx context.Context, o *serveOptions, ln net.Listener, log *slog.Logg
 		_ = srv.Close()
 	}
 	<-served
-	rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+	rctx, rcancel := context.WithTimeout(context.Background(), routerTimeout)
 	defer rcancel()
 	if err := rt.Shutdown(rctx); err != nil {
 		log.Warn("router: generations aborted at shutdown", "err", err)
 	}
-	// w.close (deferred) drains the transfers and stops the workers.
 	log.Info("shut down")
 	return nil
 }
