@@ -29,8 +29,8 @@ func commands() []command {
 		{"decode", "run a decode worker", runDecode},
 		{"generate", "generate a continuation of a prompt locally, no server", runGenerate},
 		{"model", "build and inspect GGUF model files (model new | model inspect)", runModel},
-		{"audit", "check tenant isolation of a running deployment", runAudit},
-		{"bench", "measure throughput and latency of a running deployment", runBench},
+		{"audit", "check tenant isolation of a running deployment (not built yet)", runAudit},
+		{"bench", "measure throughput and latency of a running deployment (not built yet)", runBench},
 	}
 }
 
