@@ -56,6 +56,11 @@ type DecodeConfig struct {
 	// must exceed the longest prefill.
 	TransferTimeout int64
 	DrainTimeout    int64 // abort to Drained before quarantine; 0 means 100
+	// ReconnectGrace bounds how long a request waits for a prefill peer
+	// that was connected before and whose connection is down now; 0 means
+	// 500 (5 s at the default tick). Past it the request fails with
+	// peer_lost.
+	ReconnectGrace int64
 	transfer.Protections
 	// TransferAddr is where prefill workers dial this worker (Info).
 	TransferAddr string
@@ -205,6 +210,9 @@ func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
 	}
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = 100
+	}
+	if cfg.ReconnectGrace == 0 {
+		cfg.ReconnectGrace = 500
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -459,28 +467,48 @@ func (w *DecodeWorker) tick() {
 	}
 }
 
-// enqueue puts a new request in the fair queue, or parks it while its
-// prefill peer is not connected: a room granted before the first
-// connection would lose its Grant, and the connection's first epoch would
-// then fail it.
-func (w *DecodeWorker) enqueue(q *dreq) {
+// peerReady reports whether a Grant sent to peer now would go out on a
+// connection whose epoch this worker has seen. A Grant sent while the link
+// is down is refused (the request would fail at once, GrantUnsent), and
+// one sent on a new connection before its epoch arrives here would be
+// failed by that epoch; a request for such a peer waits (parks) instead.
+func (w *DecodeWorker) peerReady(peer transfer.PeerID) bool {
 	d := &w.d
-	peer := q.req.Open.Prefill
-	if d.links[peer] != nil && d.epochs[peer] > 0 {
-		d.fair.push(q.req.Tenant, q)
+	l := d.links[peer]
+	return l != nil && d.epochs[peer] > 0 && l.Connected() && l.Epoch() == d.epochs[peer]
+}
+
+// enqueue puts a new request in the fair queue, or parks it while its
+// prefill peer is not ready (see peerReady).
+func (w *DecodeWorker) enqueue(q *dreq) {
+	if w.peerReady(q.req.Open.Prefill) {
+		w.d.fair.push(q.req.Tenant, q)
 		return
 	}
+	w.park(q)
+}
+
+// park holds q until its prefill peer is ready: up to TransferTimeout for
+// a peer's first connection, up to ReconnectGrace for a peer that was
+// connected before (it may be gone for good).
+func (w *DecodeWorker) park(q *dreq) {
+	d := &w.d
+	peer := q.req.Open.Prefill
+	wait := w.cfg.TransferTimeout
+	if d.epochs[peer] > 0 {
+		wait = min(wait, w.cfg.ReconnectGrace)
+	}
 	q.parked = true
-	q.deadline = d.now + w.cfg.TransferTimeout
+	q.deadline = d.now + wait
 	d.parked[peer] = append(d.parked[peer], q)
 	d.nparked++
 }
 
 // unpark moves the requests parked for peer to the fair queue once it is
-// connected.
+// ready.
 func (w *DecodeWorker) unpark(peer transfer.PeerID) {
 	d := &w.d
-	if d.links[peer] == nil || d.epochs[peer] == 0 || len(d.parked[peer]) == 0 {
+	if len(d.parked[peer]) == 0 || !w.peerReady(peer) {
 		return
 	}
 	qs := d.parked[peer]
@@ -682,6 +710,12 @@ func (w *DecodeWorker) admit() {
 		q := d.fair.peek()
 		if q == nil {
 			return
+		}
+		if !w.peerReady(q.req.Open.Prefill) {
+			// Its prefill peer's connection dropped while it waited.
+			d.fair.pop()
+			w.park(q)
+			continue
 		}
 		promptPages := ceilDiv(q.prompt, ps)
 		need := ceilDiv(q.prompt+q.req.MaxTokens, ps)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -86,12 +87,24 @@ func TestDrainTimeoutQuarantinesUntilNewEpoch(t *testing.T) {
 	})
 }
 
-// TestGrantToDownPeerFreesPagesAtOnce: the prefill peer connected once,
-// then its connection dropped. A request for it is granted, but the link
-// refuses the Grant, so nothing was transmitted: the request fails with
-// peer_lost and its pages are free at once, not deferred and then
-// quarantined until a peer that may never come back reconnects.
+// TestRequestForDownPeerWaitsThenFails: the prefill peer connected once,
+// then its connection dropped. A new request for it holds no page while it
+// waits for the peer to come back, and fails with peer_lost once the
+// reconnect grace has passed.
+func TestRequestForDownPeerWaitsThenFails(t *testing.T) {
+	testDownPeer(t, false, "is not connected")
+}
+
+// TestGrantToDownPeerFreesPagesAtOnce: the link claims to be up, so the
+// request is granted, but it refuses the Grant (the connection dropped in
+// between): nothing was transmitted, so the request fails with peer_lost
+// and its pages are free at once, not deferred and then quarantined until
+// a peer that may never come back reconnects.
 func TestGrantToDownPeerFreesPagesAtOnce(t *testing.T) {
+	testDownPeer(t, true, "grant not sent")
+}
+
+func testDownPeer(t *testing.T, lie bool, wantErr string) {
 	m := tinyModel(t)
 	synctest.Test(t, func(t *testing.T) {
 		auth, _ := transfer.NewAuth(secret)
@@ -100,7 +113,7 @@ func TestGrantToDownPeerFreesPagesAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		dw, err := NewDecodeWorker(DecodeConfig{Model: m, Pool: pool, Auth: auth, Self: decodeID, ContextWindow: 100,
-			Threads: 1, TickInterval: 10 * time.Millisecond, DrainTimeout: 50, TransferTimeout: 100000})
+			Threads: 1, TickInterval: 10 * time.Millisecond, DrainTimeout: 50, TransferTimeout: 100000, ReconnectGrace: 300})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,26 +121,49 @@ func TestGrantToDownPeerFreesPagesAtOnce(t *testing.T) {
 		defer dw.Close(ctx)
 		pair := inproc.New(inproc.Config{Auth: auth}, inproc.Side{ID: prefillID, Sink: nullSink{}}, inproc.Side{ID: decodeID, Sink: dw}, dw.Receiver())
 		defer pair.Decode().Close()
-		dw.AddLink(pair.Decode())
+		var l link.Link = pair.Decode()
+		if lie {
+			l = upLink{l}
+		}
+		dw.AddLink(l)
+		synctest.Wait()
 		pair.Disconnect()
 		synctest.Wait()
 		h := &pd{t: t, m: m, auth: auth}
 		r := &req{tenant: "a", prompt: prompt(rand.New(rand.NewPCG(1, 1)), 10), max: 5}
 		g, _ := h.open(r)
+		start := time.Now()
 		s, err := dw.Generate(ctx, g)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Next(ctx); reqerr.KindOf(err) != reqerr.KindPeerLost {
-			t.Fatalf("stream: %v, want peer_lost", err)
+		if !lie {
+			synctest.Wait()
+			if c := pool.Counts(); c.Free != c.Total {
+				t.Fatalf("a request waiting for its peer holds pages: %+v", c)
+			}
+		}
+		_, err = s.Next(ctx)
+		if reqerr.KindOf(err) != reqerr.KindPeerLost || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("stream: %v, want peer_lost (%s)", err, wantErr)
+		}
+		waited := time.Since(start)
+		if lie && waited != 0 || !lie && waited < 3*time.Second {
+			t.Errorf("failed after %v of fake time", waited)
 		}
 		s.Close()
 		synctest.Wait()
-		if c, st := pool.Counts(), dw.Stats(); c.Free != c.Total || st.Machine.Granted != 1 || st.DeferredTimeout != 0 {
-			t.Fatalf("after the refused grant: %+v, granted %d, timeouts %d; want every page free", c, st.Machine.Granted, st.DeferredTimeout)
+		if c, st := pool.Counts(), dw.Stats(); c.Free != c.Total || st.DeferredTimeout != 0 {
+			t.Fatalf("after the failure: %+v, timeouts %d; want every page free", c, st.DeferredTimeout)
 		}
 	})
 }
+
+// upLink claims its connection is up whatever it is: the window between a
+// worker's readiness check and its Send, made wide.
+type upLink struct{ link.Link }
+
+func (upLink) Connected() bool { return true }
 
 type nullSink struct{}
 

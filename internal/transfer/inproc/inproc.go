@@ -259,6 +259,14 @@ func (e *End) Peer() transfer.PeerID { return e.pair.sides[1-e.dir].ID }
 // Epoch implements link.Link.
 func (e *End) Epoch() uint64 { return e.pair.Epoch() }
 
+// Connected implements link.Link.
+func (e *End) Connected() bool {
+	p := e.pair
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conn != nil
+}
+
 // Send implements link.Link.
 func (e *End) Send(ctx context.Context, m transfer.Message) error {
 	if _, ok := m.(*transfer.Write); ok {

@@ -83,6 +83,10 @@ type Link interface {
 	// Epoch is the current connection's epoch (0 before the first
 	// connection).
 	Epoch() uint64
+	// Connected reports whether a connection is up now. It is a hint for
+	// scheduling (the connection may drop right after); what was lost is
+	// always told by the PeerEpoch that follows.
+	Connected() bool
 
 	// Send queues a signed control message for the peer. It blocks while
 	// the queue is full. It returns nil once the message is queued on the
