@@ -4,6 +4,8 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"errors"
+	"hash"
+	"sync"
 )
 
 // Auth signs and verifies messages under the cluster secret: HMAC-SHA256
@@ -12,6 +14,17 @@ import (
 // for concurrent use.
 type Auth struct {
 	key []byte
+	// macs holds keyed HMAC states for reuse: every message is signed or
+	// verified at least once, and a fresh hmac.New per message was most of
+	// the protocol's allocations.
+	macs sync.Pool // of *macState
+}
+
+// macState is one reusable HMAC computation.
+type macState struct {
+	h   hash.Hash
+	buf []byte // the signed encoding
+	sum []byte // the full HMAC output
 }
 
 // MinSecret is the shortest cluster secret accepted.
@@ -27,10 +40,19 @@ func NewAuth(secret []byte) (*Auth, error) {
 }
 
 func (a *Auth) mac(m Message) [MACSize]byte {
-	h := hmac.New(sha256.New, a.key)
-	h.Write(appendSigned(make([]byte, 0, 64), m))
+	st, _ := a.macs.Get().(*macState)
+	if st == nil {
+		st = &macState{h: hmac.New(sha256.New, a.key), buf: make([]byte, 0, 256), sum: make([]byte, 0, sha256.Size)}
+	}
+	st.h.Reset()
+	st.buf = appendSigned(st.buf[:0], m)
+	st.h.Write(st.buf)
+	st.sum = st.h.Sum(st.sum[:0])
 	var out [MACSize]byte
-	copy(out[:], h.Sum(nil))
+	copy(out[:], st.sum)
+	if cap(st.buf) <= 64<<10 { // a Grant of many pages makes a big one; let it go
+		a.macs.Put(st)
+	}
 	return out
 }
 
