@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -124,6 +125,26 @@ func TestAbortsAtRandomPoints(t *testing.T) {
 	}
 	st := h.dw.Stats()
 	t.Logf("deferred releases: drained %d, timeout %d; machine %+v", st.DeferredDrained, st.DeferredTimeout, st.Machine)
+}
+
+// TestPrefillAfterAbortEndsAtOnce: the router's abort reaches the prefill
+// worker before the request itself (the abort overtook it). The room is
+// tombstoned, so the request can never run: Prefill returns aborted at once
+// instead of waiting for a Grant that will never come (it used to wait for
+// the whole wait timeout, seen as a rare hang of TestAbortsAtRandomPoints).
+func TestPrefillAfterAbortEndsAtOnce(t *testing.T) {
+	h := newPD(t, pdOptions{pageSize: 4, decodePages: 64, prefillPages: 64, chunk: 8, maxRunning: 4, window: 100})
+	r := &req{tenant: "a", prompt: prompt(rand.New(rand.NewPCG(5, 5)), 9), max: 3}
+	_, p := h.open(r)
+	h.pw.Abort(h.abortMsg(r.room))
+	ctx, cancel := context.WithTimeout(h.ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := h.pw.Prefill(ctx, p)
+	if reqerr.KindOf(err) != reqerr.KindAborted || time.Since(start) > 2*time.Second {
+		t.Fatalf("Prefill after its abort: %v after %v, want aborted at once", err, time.Since(start))
+	}
+	h.waitRest()
 }
 
 // TestPeerLost: a new connection epoch fails the rooms that depended on the

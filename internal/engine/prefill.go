@@ -415,7 +415,10 @@ func (w *PrefillWorker) handle(o *op) {
 		}
 		d.rooms[q.room] = q
 		st, _ := d.m.State(q.room)
-		if st == transfer.PWaitPrefill || !w.fits(q) {
+		// A tombstoned room (an abort or a reject overtook this request)
+		// is stepped at once: the machine drops it and start answers, where
+		// waiting for a Grant would wait for one that never comes.
+		if st == transfer.PWaitPrefill || d.m.Tombstoned(q.room) || !w.fits(q) {
 			w.start(q)
 			return
 		}
