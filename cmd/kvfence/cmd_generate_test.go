@@ -37,28 +37,9 @@ func greedyReference(t *testing.T, path, prompt string, n int) (text string, pro
 	}
 	defer m.Close()
 	ids := m.Tok.Encode(prompt, tokenizer.EncodeOptions{AddSpecial: true})
-	kv := model.NewSliceStore(m.Config, 16, 16)
-	pages := make([]int32, 16)
-	for i := range pages {
-		pages[i] = int32(i)
-	}
-	ws := m.NewWorkspace(len(ids), 1, 1)
-	defer ws.Close()
-	var out []int32
-	seq := model.Seq{Tokens: ids, Pages: pages, Logits: model.LogitsLast}
-	for range n {
-		if err := m.Forward(ws, kv, []model.Seq{seq}); err != nil {
-			t.Fatal(err)
-		}
-		l := ws.Logits(0, 0)
-		best := int32(0)
-		for i, v := range l {
-			if v > l[best] {
-				best = int32(i)
-			}
-		}
-		out = append(out, best)
-		seq = model.Seq{Tokens: []int32{best}, Pos: seq.Pos + len(seq.Tokens), Pages: pages, Logits: model.LogitsLast}
+	out, err := m.Greedy(ids, n, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return m.Tok.Decode(out), len(ids)
 }

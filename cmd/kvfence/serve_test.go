@@ -247,33 +247,10 @@ func (f *serveFixture) reference(r *api.Request) reference {
 
 // serveGreedy runs the model directly: no engine, no pool, no transfer.
 func serveGreedy(t testing.TB, m *model.Model, prompt []int32, n int) []int32 {
-	const pageSize = 16
-	pages := (len(prompt) + n + pageSize - 1) / pageSize
-	kv := model.NewSliceStore(m.Config, pageSize, pages)
-	table := make([]int32, pages)
-	for i := range table {
-		table[i] = int32(i)
-	}
-	ws := m.NewWorkspace(len(prompt), 1, 1)
-	defer ws.Close()
-	var out []int32
-	seq := model.Seq{Tokens: prompt, Pages: table, Logits: model.LogitsLast}
-	for len(out) < n {
-		if err := m.Forward(ws, kv, []model.Seq{seq}); err != nil {
-			t.Fatal(err)
-		}
-		logits := ws.Logits(0, 0)
-		best := 0
-		for i, v := range logits {
-			if v > logits[best] {
-				best = i
-			}
-		}
-		out = append(out, int32(best))
-		if m.Tok.IsEOG(int32(best)) {
-			break
-		}
-		seq = model.Seq{Tokens: []int32{int32(best)}, Pos: seq.Pos + len(seq.Tokens), Pages: table, Logits: model.LogitsLast}
+	t.Helper()
+	out, err := m.Greedy(prompt, n, m.Tok.IsEOG)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

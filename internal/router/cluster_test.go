@@ -233,37 +233,13 @@ func (c *cluster) waitIdle() {
 	}
 }
 
-// greedy generates up to n tokens from prompt by calling the model directly
-// (no engine, no pool): the reference every served output must equal (I7).
+// greedy is the reference every served output must equal (I7): the model
+// run alone, no engine, no pool.
 func greedy(t testing.TB, m *model.Model, prompt []int32, n int) []int32 {
 	t.Helper()
-	pages := (len(prompt) + n + testPageSize - 1) / testPageSize
-	kv := model.NewSliceStore(m.Config, testPageSize, pages)
-	table := make([]int32, pages)
-	for i := range table {
-		table[i] = int32(i)
-	}
-	ws := m.NewWorkspace(len(prompt), 1, 1)
-	defer ws.Close()
-	var out []int32
-	seq := model.Seq{Tokens: prompt, Pos: 0, Pages: table, Logits: model.LogitsLast}
-	for len(out) < n {
-		if err := m.Forward(ws, kv, []model.Seq{seq}); err != nil {
-			t.Fatal(err)
-		}
-		logits := ws.Logits(0, 0)
-		best := 0
-		for i, v := range logits {
-			if v > logits[best] {
-				best = i
-			}
-		}
-		id := int32(best)
-		out = append(out, id)
-		if m.Tok.IsEOG(id) {
-			break
-		}
-		seq = model.Seq{Tokens: []int32{id}, Pos: seq.Pos + len(seq.Tokens), Pages: table, Logits: model.LogitsLast}
+	out, err := m.Greedy(prompt, n, m.Tok.IsEOG)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }
