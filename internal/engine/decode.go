@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -185,20 +184,10 @@ type dreq struct {
 // NewDecodeWorker checks the pool against the context window (I6) and
 // starts the worker's driver goroutine.
 func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
-	if cfg.Model == nil || cfg.Pool == nil || cfg.Auth == nil {
-		return nil, errors.New("engine: decode worker needs a model, a pool and an auth")
-	}
-	if err := checkShape(cfg.Model, cfg.Pool); err != nil {
-		return nil, err
-	}
-	if cfg.ContextWindow <= 0 {
-		cfg.ContextWindow = cfg.Model.Config.ContextLength
-	}
-	window, note, err := kvpool.CheckWindow(cfg.Pool.Tokens(), cfg.ContextWindow, cfg.LowerWindow)
+	window, note, err := workerWindow("decode", cfg.Model, cfg.Pool, cfg.Auth, cfg.ContextWindow, cfg.LowerWindow)
 	if err != nil {
 		return nil, err
 	}
-	window = min(window, cfg.Model.Config.ContextLength)
 	cfg.MaxRunning = orDefault(cfg.MaxRunning, 64)
 	cfg.MaxQueue = orDefault(cfg.MaxQueue, 1024)
 	cfg.StreamBuffer = max(orDefault(cfg.StreamBuffer, 64), 2)
@@ -237,29 +226,6 @@ func NewDecodeWorker(cfg DecodeConfig) (*DecodeWorker, error) {
 	w.publish()
 	go w.run()
 	return w, nil
-}
-
-func orDefault(v, d int) int {
-	if v <= 0 {
-		return d
-	}
-	return v
-}
-
-// checkShape refuses a pool whose pages do not hold this model's KV.
-func checkShape(m *model.Model, p *kvpool.Pool) error {
-	s := p.Shape()
-	c := m.Config
-	if s.Layers != c.Layers || s.KVHeads != c.KVHeads || s.HeadDim != c.HeadDim {
-		return fmt.Errorf("engine: pool shape %d layers x %d kv heads x %d dims does not fit model %d x %d x %d",
-			s.Layers, s.KVHeads, s.HeadDim, c.Layers, c.KVHeads, c.HeadDim)
-	}
-	return nil
-}
-
-// PoolShape is the kvpool shape for model m with pageSize-token pages.
-func PoolShape(m *model.Model, pageSize int) kvpool.Shape {
-	return kvpool.Shape{Layers: m.Config.Layers, KVHeads: m.Config.KVHeads, HeadDim: m.Config.HeadDim, PageSize: pageSize}
 }
 
 // Note is the I6 note when the context window was lowered to the pool

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -124,20 +123,10 @@ type preq struct {
 // NewPrefillWorker checks the pool against the context window (I6) and
 // starts the driver goroutine.
 func NewPrefillWorker(cfg PrefillConfig) (*PrefillWorker, error) {
-	if cfg.Model == nil || cfg.Pool == nil || cfg.Auth == nil {
-		return nil, errors.New("engine: prefill worker needs a model, a pool and an auth")
-	}
-	if err := checkShape(cfg.Model, cfg.Pool); err != nil {
-		return nil, err
-	}
-	if cfg.ContextWindow <= 0 {
-		cfg.ContextWindow = cfg.Model.Config.ContextLength
-	}
-	window, note, err := kvpool.CheckWindow(cfg.Pool.Tokens(), cfg.ContextWindow, cfg.LowerWindow)
+	window, note, err := workerWindow("prefill", cfg.Model, cfg.Pool, cfg.Auth, cfg.ContextWindow, cfg.LowerWindow)
 	if err != nil {
 		return nil, err
 	}
-	window = min(window, cfg.Model.Config.ContextLength)
 	cfg.ChunkSize = orDefault(cfg.ChunkSize, 512)
 	cfg.MaxRunning = orDefault(cfg.MaxRunning, 16)
 	cfg.MaxRooms = orDefault(cfg.MaxRooms, 1024)
