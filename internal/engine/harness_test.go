@@ -38,12 +38,7 @@ var (
 func tinyModel(t testing.TB) *model.Model {
 	t.Helper()
 	modelOnce.Do(func() {
-		dir, err := mkdirTemp()
-		if err != nil {
-			modelErr = err
-			return
-		}
-		modelPath = filepath.Join(dir, "tiny.gguf")
+		modelPath = filepath.Join(testDir, "tiny.gguf")
 		modelErr = modelbuild.Write(modelbuild.Options{
 			Arch: "qwen3", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 96, Ctx: 512,
 			Type: gguf.TypeF32, Seed: 11, Tokenizer: tokenizer.Tiny(), Name: "tiny-qwen3",

@@ -19,5 +19,3 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
-
-func mkdirTemp() (string, error) { return testDir, nil }
